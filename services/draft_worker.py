@@ -1,0 +1,59 @@
+"""The draft worker: extends a session's cache, then drafts γ tokens autoregressively."""
+
+import torch
+
+from services.runtime import ModelRuntime
+from services.server import WorkerServicer
+from tandem import codec
+from tandem.rng import Purpose, uniform
+from tandem.sampling import SamplingParams, sample, warp
+from tandem.v1 import worker_pb2_grpc
+from tandem.validation import check_context, invalid
+
+MAX_GAMMA = 64
+
+
+def propose(
+    runtime: ModelRuntime, session_id: str, cache_len: int, tokens: list[int], gamma: int,
+    params: SamplingParams,
+) -> codec.Proposal:
+    """Draft gamma tokens after the committed sequence. Raises CacheMiss.
+
+    The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
+    drafted token is never fed: the verifier may reject it).
+    """
+    position = cache_len + len(tokens)  # absolute position of the first drafted token
+    logits = runtime.extend(session_id, cache_len, tokens)[-1]  # [V]
+    drafted, token_probs, dists = [], [], []
+    for i in range(gamma):
+        probs = warp(logits, params)  # [V]
+        token = int(sample(probs, torch.tensor(uniform(params.seed, position + i, Purpose.DRAFT))))
+        drafted.append(token)
+        token_probs.append(float(probs[token]))
+        dists.append(probs)
+        if i + 1 < gamma:
+            logits = runtime.extend(session_id, position + i, [token])[-1]
+    # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.
+    wire = [] if params.greedy else codec.distributions_to_pb(torch.stack(dists))
+    return codec.Proposal(drafted, token_probs, wire, 0.0)
+
+
+class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
+    async def Propose(self, request, context):
+        async def work():
+            self.check_sequence(request.session_id, request.cache_len, request.tokens)
+            if not 1 <= request.gamma <= MAX_GAMMA:
+                raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
+            end = request.cache_len + len(request.tokens) + request.gamma - 1
+            check_context("gamma", end, self.runtime.info.max_context)
+            params = self.check_sampling(request.sampling)
+            return await self.compute(
+                propose, request.session_id, request.cache_len, list(request.tokens),
+                request.gamma, params,
+            )
+
+        return codec.propose_response(await self.answer(context, work))
+
+
+def add_to_server(runtime: ModelRuntime, server) -> None:
+    worker_pb2_grpc.add_DraftWorkerServicer_to_server(DraftWorkerServicer(runtime), server)

@@ -1,0 +1,132 @@
+"""The model runtime: one Hugging Face causal LM and a KV cache per session.
+
+Caches are soft state (Redis holds the truth): every call says how many committed tokens the
+caller believes the cache holds (`cache_len`); the runtime crops to it and extends, or reports
+a miss when it holds fewer. Least-recently-used sessions are evicted under a memory bound.
+"""
+
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+from tandem.codec import ModelInfo
+
+
+@dataclass
+class _Session:
+    cache: DynamicCache
+    length: int  # tokens held
+    nbytes: int = 0
+
+
+class CacheMiss(Exception):
+    """The runtime holds fewer tokens of the session than the caller believes."""
+
+
+def _eos_ids(config) -> tuple[int, ...]:
+    eos = getattr(config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def _cache_nbytes(cache: DynamicCache) -> int:
+    total = 0
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor):
+                total += t.nelement() * t.element_size()
+    return total
+
+
+class ModelRuntime:
+    """A loaded model plus per-session KV caches. Not thread-safe: call from one thread."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_cache_bytes: int = 2 << 30,
+    ) -> None:
+        self.device = torch.device(device)
+        torch_dtype = getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        self.model.to(self.device).eval()
+        config = AutoConfig.from_pretrained(model_dir)
+        self.info = ModelInfo(
+            model=model_dir,
+            vocab_size=int(self.model.get_output_embeddings().weight.shape[0]),
+            max_context=int(getattr(config, "max_position_embeddings", 2048)),
+            eos_token_ids=_eos_ids(self.model.generation_config) or _eos_ids(config),
+            device=str(self.device),
+            dtype=dtype,
+            num_parameters=sum(p.numel() for p in self.model.parameters()),
+        )
+        self.max_cache_bytes = max_cache_bytes
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._lock = threading.Lock()  # guards the session table against Release from the loop
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(s.nbytes for s in self._sessions.values())
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    def extend(self, session_id: str, cache_len: int, tokens: list[int]) -> torch.Tensor:
+        """Crop the session's cache to cache_len, run tokens through it → logits [len(tokens), V].
+
+        Raises CacheMiss when the runtime holds fewer than cache_len tokens of the session.
+        """
+        session = self._checkout(session_id, cache_len)
+        try:
+            if session.length > cache_len:
+                session.cache.crop(cache_len - session.length)  # negative: tokens to remove
+            input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
+            with torch.inference_mode():
+                out = self.model(input_ids=input_ids, past_key_values=session.cache, use_cache=True)
+        except BaseException:
+            # A failed pass may have extended some layers and not others: forget the session,
+            # so that the caller's retry is a clean CacheMiss and re-prefills.
+            self.release(session_id)
+            raise
+        session.length = cache_len + len(tokens)
+        session.nbytes = _cache_nbytes(session.cache)
+        self._evict(keep=session_id)
+        return out.logits[0]  # [n, V]
+
+    def release(self, session_id: str) -> bool:
+        with self._lock:
+            return self._sessions.pop(session_id, None) is not None
+
+    def _checkout(self, session_id: str, cache_len: int) -> _Session:
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or session.length < cache_len:
+                if cache_len > 0:
+                    raise CacheMiss(session_id)
+                session = _Session(DynamicCache(config=self.model.config), 0)
+                self._sessions[session_id] = session
+            self._sessions.move_to_end(session_id)
+            return session
+
+    def _evict(self, keep: str) -> None:
+        with self._lock:
+            while self.cache_bytes > self.max_cache_bytes and len(self._sessions) > 1:
+                oldest = next(iter(self._sessions))
+                if oldest == keep:
+                    break
+                del self._sessions[oldest]
+
+
+def timed(fn, *args, **kwargs):
+    """Run fn and return (result, milliseconds)."""
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, (time.perf_counter() - start) * 1e3

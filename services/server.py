@@ -1,0 +1,124 @@
+"""What both workers share: the servicer base (validation, the model thread, errors) and the
+grpc.aio server with standard health checking."""
+
+import asyncio
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.runtime import CacheMiss, ModelRuntime
+from tandem import codec
+from tandem.validation import FieldError, check_context, check_sampling, check_session_id, check_token_ids
+
+log = logging.getLogger("tandem.worker")
+
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+class WorkerServicer:
+    """Base of the draft and verify servicers: decode, validate, compute on the model thread."""
+
+    def __init__(self, runtime: ModelRuntime) -> None:
+        self.runtime = runtime
+        # One thread owns the model: calls from all sessions run in order, never concurrently.
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+    def check_sequence(self, session_id: str, cache_len: int, tokens) -> None:
+        check_session_id(session_id)
+        if not tokens:
+            raise FieldError(grpc.StatusCode.INVALID_ARGUMENT, "tokens", "need at least one token")
+        info = self.runtime.info
+        check_token_ids("tokens", tokens, info.vocab_size)
+        check_context("tokens", cache_len + len(tokens), info.max_context)
+
+    def check_sampling(self, msg) -> "codec.SamplingParams":
+        params = codec.sampling_from_pb(msg)
+        check_sampling(params.temperature, params.top_k, params.top_p, prefix="sampling.")
+        return params
+
+    async def compute(self, fn, *args):
+        """Run fn(runtime, *args) on the model thread; None on a cache miss, with compute_ms set."""
+
+        def run():
+            start = time.perf_counter()
+            try:
+                result = fn(self.runtime, *args)
+            except CacheMiss:
+                return None
+            result.compute_ms = (time.perf_counter() - start) * 1e3
+            return result
+
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, run)
+
+    async def answer(self, context, work):
+        """Await work(); a FieldError becomes its status code, anything else INTERNAL."""
+        try:
+            return await work()
+        except FieldError as e:
+            await context.abort(e.code, str(e))
+        except Exception as e:  # a bug must not take the worker down: log it, answer INTERNAL
+            log.exception("request failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    async def Release(self, request, context):
+        async def work():
+            check_session_id(request.session_id)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._model_thread, self.runtime.release, request.session_id
+            )
+
+        return codec.release_response(await self.answer(context, work))
+
+    async def Describe(self, request, context):
+        return codec.model_info_to_pb(self.runtime.info)
+
+
+async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server with the worker servicer and health checking; returns (server, port)."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+    server = grpc.aio.server(options=options)
+    add_servicer(runtime, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
+
+
+def run_worker(
+    kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
+    dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
+) -> None:
+    """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM."""
+    import torch
+
+    from services import draft_worker, target_verifier
+
+    if threads:
+        torch.set_num_threads(threads)
+    add = {"draft": draft_worker.add_to_server, "target": target_verifier.add_to_server}[kind]
+    runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
+
+    async def main():
+        server, bound = await start_server(add, runtime, host, port)
+        info = runtime.info
+        # One parseable line: launchers (tandem up, tests) read the port from it.
+        print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
+              f"vocab={info.vocab_size} params={info.num_parameters} device={info.device}", flush=True)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop(grace=2)
+
+    asyncio.run(main())

@@ -1,0 +1,73 @@
+"""The target verifier: one forward pass over the committed tail and the draft block."""
+
+import torch
+
+from services.runtime import ModelRuntime
+from services.server import WorkerServicer
+from tandem import codec
+from tandem.rng import Purpose, uniform, uniforms
+from tandem.sampling import SamplingParams, verify_block, warp
+from tandem.v1 import worker_pb2_grpc
+from tandem.validation import check_context, check_token_ids, invalid
+
+MAX_GAMMA = 64
+
+
+def verify(
+    runtime: ModelRuntime, session_id: str, cache_len: int, tokens: list[int],
+    draft_tokens: list[int], draft_probs: torch.Tensor | None, params: SamplingParams,
+) -> codec.Verification:
+    """Check a draft block. draft_probs [γ, V], or None for one-hot drafts. Raises CacheMiss.
+
+    The cache ends holding the committed tokens and the whole draft block; the orchestrator's
+    next cache_len crops the rejected part away.
+    """
+    gamma = len(draft_tokens)
+    position = cache_len + len(tokens)  # absolute position of the first drafted token
+    logits = runtime.extend(session_id, cache_len, tokens + draft_tokens)  # [n+γ, V]
+    target_probs = warp(logits[len(tokens) - 1 :], params)  # [γ+1, V]
+    drafts = torch.tensor(draft_tokens, dtype=torch.long)  # [γ]
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
+    verdict = verify_block(
+        target_probs, drafts, draft_probs,
+        torch.tensor(uniforms(params.seed, position, gamma, Purpose.RECOVERED), dtype=torch.float64),
+        uniform(params.seed, position + gamma, Purpose.BONUS),
+    )
+    return codec.Verification(
+        verdict.target_token_probs.tolist(), verdict.recovered_tokens.tolist(),
+        verdict.bonus_token, 0.0,
+    )
+
+
+class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServicer):
+    async def Verify(self, request, context):
+        async def work():
+            self.check_sequence(request.session_id, request.cache_len, request.tokens)
+            info = self.runtime.info
+            if len(request.draft_tokens) > MAX_GAMMA:
+                raise invalid("draft_tokens", f"at most {MAX_GAMMA} tokens")
+            check_token_ids("draft_tokens", request.draft_tokens, info.vocab_size)
+            end = request.cache_len + len(request.tokens) + len(request.draft_tokens)
+            check_context("draft_tokens", end, info.max_context)
+            params = self.check_sampling(request.sampling)
+            draft_probs = None
+            if request.draft_distributions:
+                if len(request.draft_distributions) != len(request.draft_tokens):
+                    raise invalid("draft_distributions", "need one per drafted token")
+                try:
+                    draft_probs = codec.distributions_from_pb(request.draft_distributions, info.vocab_size)
+                except ValueError as e:
+                    raise invalid("draft_distributions", str(e)) from None
+            elif request.draft_tokens and not params.greedy:
+                raise invalid("draft_distributions", "required when sampling (temperature > 0)")
+            return await self.compute(
+                verify, request.session_id, request.cache_len, list(request.tokens),
+                list(request.draft_tokens), draft_probs, params,
+            )
+
+        return codec.verify_response(await self.answer(context, work))
+
+
+def add_to_server(runtime: ModelRuntime, server) -> None:
+    worker_pb2_grpc.add_TargetVerifierServicer_to_server(TargetVerifierServicer(runtime), server)

@@ -1,0 +1,270 @@
+"""The `tandem` command: run a local cluster, its parts one by one, generate, and plan γ."""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_MODELS = PROJECT_ROOT / "models"
+RANDOM_PAIR_DIR = PROJECT_ROOT / ".tandem" / "random-pair"
+
+
+def default_pair() -> tuple[str, str]:
+    """(draft, target): the shipped pair in models/, or a random stand-in built once."""
+    draft, target = SHIPPED_MODELS / "draft", SHIPPED_MODELS / "target"
+    if (draft / "config.json").exists() and (target / "config.json").exists():
+        return str(draft), str(target)
+    if not (RANDOM_PAIR_DIR / "target" / "config.json").exists():
+        print(f"no trained pair in {SHIPPED_MODELS} yet: building a RANDOM demo pair in {RANDOM_PAIR_DIR} "
+              "(gibberish text, meaningless acceptance; pass --draft-model/--target-model for real models)",
+              flush=True)
+        from tandem.randompair import build_random_pair
+
+        build_random_pair(str(RANDOM_PAIR_DIR))
+    return str(RANDOM_PAIR_DIR / "draft"), str(RANDOM_PAIR_DIR / "target")
+
+
+# --- tandem worker ---------------------------------------------------------------------------
+
+
+def cmd_worker(args) -> None:
+    from services.server import run_worker
+
+    run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+               max_cache_bytes=args.max_cache_mb << 20, threads=args.threads)
+
+
+def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str) -> tuple[subprocess.Popen, str]:
+    """Start `tandem worker` as a child process; return it and the address it listens on."""
+    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", "0",
+           "--threads", str(threads), "--device", device, "--dtype", dtype]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    for line in proc.stdout:
+        if "listening on" in line:
+            print(line.rstrip(), flush=True)
+            address = line.split("listening on ")[1].split()[0]
+            threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+            return proc, address
+    raise RuntimeError(f"{kind} worker exited with {proc.wait()} before listening")
+
+
+def _drain(stream) -> None:
+    for line in stream:
+        print(line.rstrip(), flush=True)
+
+
+# --- tandem up / tandem orchestrator ---------------------------------------------------------
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def cmd_up(args) -> None:
+    from orchestrator.app import start_ingress, stop_ingress
+    from orchestrator.config import OrchestratorConfig
+    from orchestrator.redis_server import EmbeddedRedis
+
+    draft_model, target_model = args.draft_model, args.target_model
+    if not (draft_model and target_model):
+        default_draft, default_target = default_pair()
+        draft_model, target_model = draft_model or default_draft, target_model or default_target
+    redis_server, workers = None, []
+    try:
+        redis_url = os.environ.get("REDIS_URL")
+        if not redis_url:
+            redis_server = EmbeddedRedis()
+            redis_url = redis_server.url
+            print(f"redis (embedded) listening on {redis_url}", flush=True)
+        threads = args.threads or max(1, (os.cpu_count() or 2) // 2)
+        for kind, model in (("draft", draft_model), ("target", target_model)):
+            workers.append(spawn_worker(kind, model, args.host, threads, args.device, args.dtype))
+        config = OrchestratorConfig(
+            draft_address=workers[0][1], target_address=workers[1][1], redis_url=redis_url,
+            tokenizer=target_model if (Path(target_model) / "tokenizer_config.json").exists() else None,
+            max_gamma=args.max_gamma,
+        )
+        start_ingress(config, args.grpc_port, host=args.host)
+        print(f"tandem is up: gRPC ingress on {args.host}:{args.grpc_port} (application '{config.app_name}'); "
+              f"try: tandem generate --address {args.host}:{args.grpc_port} \"def fib(n):\"", flush=True)
+        _wait_for_signal()
+        print("stopping tandem ...", flush=True)
+        stop_ingress()
+    finally:
+        for proc, _ in workers:
+            proc.terminate()
+        for proc, _ in workers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if redis_server:
+            redis_server.stop()
+    print("tandem stopped", flush=True)
+
+
+def cmd_orchestrator(args) -> None:
+    from orchestrator.app import start_ingress, stop_ingress
+    from orchestrator.config import OrchestratorConfig
+
+    config = OrchestratorConfig(draft_address=args.draft, target_address=args.target, redis_url=args.redis_url,
+                                tokenizer=args.tokenizer, max_gamma=args.max_gamma)
+    start_ingress(config, args.grpc_port, host=args.host)
+    print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)
+    _wait_for_signal()
+    stop_ingress()
+
+
+# --- tandem generate -------------------------------------------------------------------------
+
+
+def _wait_ready(address: str, timeout_s: float) -> None:
+    import grpc
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        channel = grpc.insecure_channel(address)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+            return
+        except grpc.FutureTimeoutError:
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"tandem: nothing answers on {address} after {timeout_s:.0f} s")
+        finally:
+            channel.close()
+
+
+def cmd_generate(args) -> None:
+    from tandem.client import Client
+    from tandem.errors import TandemError
+
+    if (args.prompt is None) == (args.prompt_ids is None):
+        raise SystemExit("tandem generate: give a prompt or --prompt-ids, not both")
+    ids = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else None
+    if args.wait:
+        _wait_ready(args.address, args.wait)
+    gamma = None if args.gamma in (None, "auto") else int(args.gamma)
+    with Client(args.address) as client:
+        try:
+            stats = None
+            for chunk in client.stream(args.prompt, prompt_token_ids=ids, max_tokens=args.max_tokens,
+                                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                       seed=args.seed, gamma=gamma):
+                print(chunk.text if chunk.text or args.prompt_ids is None else " ".join(map(str, chunk.token_ids)) + " ",
+                      end="", flush=True)
+                stats = chunk.stats or stats
+        except (TandemError, ValueError) as e:
+            code = getattr(e, "code", None)
+            raise SystemExit(f"\ntandem generate: {code.name + ': ' if code else ''}{e}") from None
+    print()
+    if stats:
+        print(f"[{stats.summary()}; gamma per cycle {stats.gammas}]", file=sys.stderr)
+        print(f"[time split: draft {stats.draft_ms:.1f} ms, verify {stats.verify_ms:.1f} ms, transport "
+              f"{stats.transport_ms:.1f} ms, redis {stats.redis_ms:.1f} ms, orchestration "
+              f"{stats.orchestration_ms:.1f} ms; TTFT {stats.ttft_s * 1e3:.0f} ms]", file=sys.stderr)
+
+
+# --- tandem plan -----------------------------------------------------------------------------
+
+
+def cmd_plan(args) -> None:
+    from orchestrator.policy import analytic_speedup, best_gamma, expected_tokens
+
+    if not 0 <= args.alpha <= 1:
+        raise SystemExit("tandem plan: --alpha must be in [0, 1]")
+    if args.cost_ratio is not None:
+        if args.cost_ratio <= 0:
+            raise SystemExit("tandem plan: --cost-ratio must be > 0")
+        gamma = best_gamma(args.alpha, args.cost_ratio, args.max_gamma)
+        out = {"gamma": gamma, "tokens_per_step": expected_tokens(args.alpha, gamma),
+               "speedup": analytic_speedup(args.alpha, gamma, args.cost_ratio)}
+    else:
+        if args.gamma < 0:
+            raise SystemExit("tandem plan: --gamma must be >= 0")
+        out = {"gamma": args.gamma, "tokens_per_step": expected_tokens(args.alpha, args.gamma)}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"gamma {out['gamma']}: {out['tokens_per_step']:.3f} tokens per target pass"
+              + (f", speedup {out['speedup']:.3f}x over the target alone" if "speedup" in out else ""))
+
+
+# --- argument parsing ------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem", description="Speculative decoding as a cluster.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run Redis, a draft worker, a target verifier and the Ray Serve app here")
+    up.add_argument("--target-model", help="Hugging Face model directory (default: the shipped pair)")
+    up.add_argument("--draft-model", help="Hugging Face model directory (default: the shipped pair)")
+    up.add_argument("--grpc-port", type=int, default=9000)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--threads", type=int, default=0, help="torch threads per worker (default: half the cores)")
+    up.add_argument("--device", default="cpu")
+    up.add_argument("--dtype", default="float32")
+    up.add_argument("--max-gamma", type=int, default=8)
+    up.set_defaults(func=cmd_up)
+
+    gen = sub.add_parser("generate", help="stream a generation from a running cluster")
+    gen.add_argument("prompt", nargs="?")
+    gen.add_argument("--prompt-ids", help="comma-separated token ids instead of a text prompt")
+    gen.add_argument("--address", default="127.0.0.1:9000")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=None, help="0 is greedy (default 1)")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--gamma", default=None, help="draft length per cycle, or 'auto' (default)")
+    gen.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the cluster")
+    gen.set_defaults(func=cmd_generate)
+
+    worker = sub.add_parser("worker", help="run one draft worker or target verifier (gRPC)")
+    worker.add_argument("kind", choices=["draft", "target"])
+    worker.add_argument("--model", required=True, help="Hugging Face model directory")
+    worker.add_argument("--host", default="0.0.0.0")
+    worker.add_argument("--port", type=int, default=50051, help="0 picks a free port")
+    worker.add_argument("--device", default="cpu")
+    worker.add_argument("--dtype", default="float32")
+    worker.add_argument("--max-cache-mb", type=int, default=2048, help="KV-cache memory bound (LRU eviction)")
+    worker.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    worker.set_defaults(func=cmd_worker)
+
+    orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")
+    orch.add_argument("--draft", required=True, help="draft worker host:port")
+    orch.add_argument("--target", required=True, help="target verifier host:port")
+    orch.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    orch.add_argument("--tokenizer", help="tokenizer directory (default: token-id prompts only)")
+    orch.add_argument("--grpc-port", type=int, default=9000)
+    orch.add_argument("--host", default="0.0.0.0")
+    orch.add_argument("--max-gamma", type=int, default=8)
+    orch.set_defaults(func=cmd_orchestrator)
+
+    plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup")
+    plan.add_argument("--alpha", type=float, required=True, help="acceptance rate in [0, 1]")
+    group = plan.add_mutually_exclusive_group(required=True)
+    group.add_argument("--cost-ratio", type=float, help="target time / draft time per token")
+    group.add_argument("--gamma", type=int, help="a fixed draft length")
+    plan.add_argument("--max-gamma", type=int, default=16)
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

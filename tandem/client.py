@@ -1,0 +1,236 @@
+"""The gRPC client SDK: `Client` (blocking) and `AsyncClient` (asyncio).
+
+    from tandem import Client
+    with Client("127.0.0.1:9000") as client:
+        result = client.generate(prompt="def fib(n):", max_tokens=64, temperature=0)
+        print(result.text, result.stats.acceptance_rate)
+        for chunk in client.stream(prompt="import os", max_tokens=64):
+            print(chunk.text, end="", flush=True)
+"""
+
+import math
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from tandem import codec
+from tandem.errors import from_rpc_error
+from tandem.v1 import generation_pb2_grpc
+
+DEFAULT_ADDRESS = "127.0.0.1:9000"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """How a generation went. α = accepted / verified; mean acceptance length = output tokens
+    per cycle (bonus included); draft efficiency = accepted / drafted."""
+
+    cycles: int
+    drafted_tokens: int
+    accepted_tokens: int
+    verified_tokens: int
+    generated_tokens: int
+    gammas: list[int]
+    elapsed_s: float
+    ttft_s: float
+    draft_ms: float
+    verify_ms: float
+    transport_ms: float
+    redis_ms: float
+    orchestration_ms: float
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.verified_tokens if self.verified_tokens else 0.0
+
+    @property
+    def draft_efficiency(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return self.generated_tokens / self.cycles if self.cycles else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    @classmethod
+    def from_stats(cls, s: codec.Stats, generated: int) -> "GenerationStats":
+        return cls(s.cycles, s.drafted_tokens, s.accepted_tokens, s.verified_tokens, generated,
+                   list(s.gammas), s.elapsed_s, s.ttft_s, s.draft_ms, s.verify_ms, s.transport_ms,
+                   s.redis_ms, s.orchestration_ms)
+
+    def summary(self) -> str:
+        return (f"{self.generated_tokens} tokens in {self.elapsed_s:.2f} s "
+                f"({self.tokens_per_second:.1f} tok/s), {self.cycles} cycles, "
+                f"acceptance rate {self.acceptance_rate:.2f}, mean acceptance length "
+                f"{self.mean_acceptance_length:.2f}, draft efficiency {self.draft_efficiency:.2f}")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    session_id: str
+    text: str  # empty when the server has no tokenizer
+    token_ids: list[int]  # generated tokens only
+    finish_reason: str  # "stop" (EOS) or "length"
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    session_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str = ""  # set on the last chunk
+    stats: GenerationStats | None = field(default=None)  # set on the last chunk
+
+
+def build_request(
+    prompt: str | None, prompt_token_ids: list[int] | None, max_tokens: int | None,
+    temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
+    gamma: int | str | None,
+) -> codec.GenerationRequest:
+    """Client-side checks (ValueError) and the wire request."""
+    if (prompt is None) == (prompt_token_ids is None):
+        raise ValueError("pass exactly one of prompt or prompt_token_ids")
+    if prompt is not None and not prompt:
+        raise ValueError("prompt must not be empty")
+    if prompt_token_ids is not None and (not prompt_token_ids or any(t < 0 for t in prompt_token_ids)):
+        raise ValueError("prompt_token_ids must be a non-empty list of non-negative ids")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise ValueError("seed must be in [0, 2**64)")
+    if gamma == "auto":
+        gamma = None
+    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0):
+        raise ValueError(f"gamma must be None, 'auto' or an int >= 0, got {gamma!r}")
+    return codec.GenerationRequest(
+        prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), max_tokens=max_tokens or 0,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, gamma=gamma,
+    )
+
+
+def _result(msg) -> GenerationResult:
+    c = codec.response_from_pb(msg)
+    return GenerationResult(c.session_id, c.text, c.token_ids, c.finish_reason,
+                            GenerationStats.from_stats(c.stats, len(c.token_ids)))
+
+
+class _StreamState:
+    """Turns wire chunks into StreamChunks, counting tokens for the final stats."""
+
+    def __init__(self) -> None:
+        self.generated = 0
+
+    def chunk(self, msg) -> StreamChunk:
+        c = codec.chunk_from_pb(msg)
+        self.generated += len(c.token_ids)
+        stats = GenerationStats.from_stats(c.stats, self.generated) if c.stats else None
+        return StreamChunk(c.session_id, c.token_ids, c.text, c.finish_reason, stats)
+
+
+class _Base:
+    def __init__(self, address: str, app_name: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.metadata = (("application", app_name),)  # Ray Serve's gRPC ingress routes on it
+
+
+class Client(_Base):
+    """Blocking client of a tandem cluster's gRPC ingress."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, app_name: str = "tandem",
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(address, app_name, timeout_s)
+        self.channel = grpc.insecure_channel(address)
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    def generate(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
+                 max_tokens: int | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
+        """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy."""
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+        try:
+            msg = self.stub.Generate(codec.generation_request_to_pb(req), metadata=self.metadata,
+                                     timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _result(msg)
+
+    def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
+               max_tokens: int | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               gamma: int | str | None = None, timeout_s: float | None = None) -> Iterator[StreamChunk]:
+        """Yield chunks as cycles commit them; the last one carries finish_reason and stats."""
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+        state = _StreamState()
+        try:
+            for msg in self.stub.GenerateStream(codec.generation_request_to_pb(req),
+                                                metadata=self.metadata, timeout=timeout_s or self.timeout_s):
+                yield state.chunk(msg)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """asyncio client of a tandem cluster's gRPC ingress."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, app_name: str = "tandem",
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(address, app_name, timeout_s)
+        self.channel = grpc.aio.insecure_channel(address)
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    async def generate(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
+                       max_tokens: int | None = None, temperature: float | None = None,
+                       top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                       gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+        try:
+            msg = await self.stub.Generate(codec.generation_request_to_pb(req), metadata=self.metadata,
+                                           timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return _result(msg)
+
+    async def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
+                     max_tokens: int | None = None, temperature: float | None = None,
+                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                     gamma: int | str | None = None, timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+        state = _StreamState()
+        try:
+            async for msg in self.stub.GenerateStream(codec.generation_request_to_pb(req),
+                                                      metadata=self.metadata, timeout=timeout_s or self.timeout_s):
+                yield state.chunk(msg)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,37 @@
+"""Counter-based randomness: every uniform is a pure function of (seed, position, purpose).
+
+A replayed cycle draws the same numbers, so a session resumed from Redis continues exactly as
+it would have, on any replica. Each pre-drawn token has its own purpose, so the numbers that
+decide one event never correlate with those of another (the exactness argument needs that).
+"""
+
+from enum import IntEnum
+
+_MASK = (1 << 64) - 1
+
+
+class Purpose(IntEnum):
+    """What a uniform is drawn for; part of its key."""
+
+    DRAFT = 1  # the draft worker samples a drafted token
+    ACCEPT = 2  # the orchestrator's accept test u < target_prob / draft_prob
+    RECOVERED = 3  # the verifier samples the recovered token from the residual
+    BONUS = 4  # the verifier samples the bonus token from the target
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int, purpose: Purpose) -> float:
+    """A float64 in [0, 1) keyed by (seed, absolute token position, purpose)."""
+    key = _splitmix64(_splitmix64(seed & _MASK) ^ (position << 3 | int(purpose)))
+    return (key >> 11) * 2.0**-53
+
+
+def uniforms(seed: int, start: int, count: int, purpose: Purpose) -> list[float]:
+    """Uniforms for positions start, start+1, ..., start+count-1."""
+    return [uniform(seed, start + i, purpose) for i in range(count)]

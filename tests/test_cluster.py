@@ -1,0 +1,218 @@
+"""The whole cluster: Ray Serve's gRPC ingress, the orchestrator, both workers as processes,
+and a real Redis. Exactness against Hugging Face with the target alone."""
+
+import asyncio
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import tandem
+from orchestrator.store import SessionStore
+from tandem.sampling import SamplingParams, warp
+
+pytestmark = pytest.mark.cluster
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with tandem.Client(cluster["address"], timeout_s=120) as c:
+        yield c
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("gamma", [3, None], ids=["fixed-gamma", "adaptive"])
+def test_greedy_is_token_identical_to_target_alone(client, pair, target_model, gamma):
+    hit_eos = 0
+    for prompt in pair["prompts"]:
+        expected = hf_greedy(target_model, prompt, MAX_TOKENS)
+        result = client.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, gamma=gamma)
+        assert result.token_ids == expected, f"prompt {prompt}"
+        if expected[-1] == pair["eos"]:
+            hit_eos += 1
+            assert result.finish_reason == "stop"
+        else:
+            assert result.finish_reason == "length" and len(expected) == MAX_TOKENS
+        s = result.stats
+        assert s.accepted_tokens <= s.verified_tokens <= s.drafted_tokens
+        assert len(s.gammas) == s.cycles and sum(s.gammas) == s.drafted_tokens
+        assert s.generated_tokens == len(expected)
+    assert hit_eos >= 2, "the pair should make some prompts stop at EOS"
+
+
+def test_speculation_happens(client, pair):
+    result = client.generate(prompt_token_ids=pair["prompts"][0], max_tokens=MAX_TOKENS, temperature=0, gamma=4)
+    s = result.stats
+    assert s.drafted_tokens > 0 and s.accepted_tokens > 0, "the noisy-copy draft should be accepted sometimes"
+    assert s.cycles < len(result.token_ids) or s.accepted_tokens == 0
+    assert s.mean_acceptance_length == pytest.approx(len(result.token_ids) / s.cycles)
+
+
+def test_stream_matches_unary_and_ends_with_stats(client, pair):
+    prompt = pair["prompts"][1]
+    unary = client.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, gamma=2)
+    chunks = list(client.stream(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, gamma=2))
+    assert [t for c in chunks for t in c.token_ids] == unary.token_ids
+    assert "".join(c.text for c in chunks) == unary.text
+    assert all(c.stats is None for c in chunks[:-1])
+    assert chunks[-1].stats.cycles == unary.stats.cycles
+    assert chunks[-1].finish_reason == unary.finish_reason
+
+
+def test_text_prompt_round_trips_through_the_tokenizer(client):
+    result = client.generate("def fib(n):", max_tokens=8, temperature=0)
+    assert len(result.token_ids) >= 1 and isinstance(result.text, str)
+
+
+def test_sampled_first_token_follows_the_target(client, pair, target_model):
+    """χ² of the first generated token over many seeds against the target's warped distribution.
+    γ = 3 with a different draft: the token is accepted-draft or recovered, never plain target."""
+    prompt, params = pair["prompts"][2], SamplingParams(temperature=1.0, top_k=8)
+    with torch.no_grad():
+        logits = target_model(torch.tensor([prompt])).logits[0, -1]
+    expected = warp(logits, params).double().numpy()
+    n = 400
+    firsts = Counter()
+    accepted = 0
+    for seed in range(n):
+        r = client.generate(prompt_token_ids=prompt, max_tokens=2, temperature=1.0, top_k=8, seed=seed, gamma=3)
+        firsts[r.token_ids[0]] += 1
+        accepted += r.stats.accepted_tokens
+    assert 0 < accepted, "some drafted tokens must be accepted for the test to mean anything"
+    support = np.flatnonzero(expected)
+    assert set(firsts) <= set(support.tolist())
+    observed = np.array([firsts[t] for t in support], dtype=float)
+    assert chisquare(observed, expected[support] / expected[support].sum() * n).pvalue > 1e-3
+
+
+def test_seeded_request_reproduces_exactly(client, pair):
+    kwargs = dict(prompt_token_ids=pair["prompts"][3], max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, gamma=3)
+    a = client.generate(seed=1234, **kwargs)
+    b = client.generate(seed=1234, **kwargs)
+    c = client.generate(seed=4321, **kwargs)
+    assert a.token_ids == b.token_ids
+    assert a.stats.gammas == b.stats.gammas and a.stats.accepted_tokens == b.stats.accepted_tokens
+    assert a.token_ids != c.token_ids
+
+
+def test_redis_holds_the_committed_tokens_of_a_finished_session(client, pair, redis_url):
+    prompt = pair["prompts"][4]
+    result = client.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, seed=7)
+
+    async def load():
+        store = SessionStore.from_url(redis_url)
+        try:
+            return await store.load(result.session_id), await store.redis.ttl(f"tandem:session:{result.session_id}")
+        finally:
+            await store.close()
+
+    record, ttl = asyncio.run(load())
+    assert record.tokens == prompt + result.token_ids
+    assert record.prompt_len == len(prompt)
+    assert record.status == result.finish_reason
+    assert record.cycle == result.stats.cycles
+    assert record.params["seed"] == 7 and record.params["temperature"] == 0
+    assert record.policy["max_gamma"] == 8
+    assert 0 < ttl <= 3600
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, field",
+    [
+        (dict(prompt_token_ids=[1, 2, 10**6]), tandem.InvalidArgumentError, "prompt_token_ids[2]"),
+        (dict(prompt_token_ids=[1, 2], gamma=99), tandem.OutOfRangeError, "gamma"),
+        (dict(prompt_token_ids=[1, 2], max_tokens=10**6), tandem.OutOfRangeError, "max_tokens"),
+        (dict(prompt_token_ids=[1, 2], max_tokens=255), tandem.OutOfRangeError, "max_tokens"),
+        (dict(prompt_token_ids=[1] * 300), tandem.OutOfRangeError, "prompt"),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_the_cluster_keeps_serving(client, kwargs, error, field):
+    with pytest.raises(error) as info:
+        client.generate(**kwargs)
+    assert field in info.value.details
+    assert client.generate(prompt_token_ids=[5, 6], max_tokens=2, temperature=0).token_ids
+
+
+def test_wire_level_checks_the_sdk_cannot_skip(cluster):
+    """Raw protobuf requests with values the SDK would refuse client-side."""
+    import grpc
+
+    from tandem.v1 import generation_pb2, generation_pb2_grpc
+
+    channel = grpc.insecure_channel(cluster["address"])
+    stub = generation_pb2_grpc.GenerationStub(channel)
+    md = (("application", "tandem"),)
+    cases = [
+        (dict(prompt_token_ids=[1], temperature=float("nan")), "temperature"),
+        (dict(prompt_token_ids=[1], temperature=-1.0), "temperature"),
+        (dict(prompt_token_ids=[1], top_p=0.0), "top_p"),
+        (dict(prompt_token_ids=[1], top_p=1.5), "top_p"),
+        (dict(prompt_token_ids=[1], top_k=-3), "top_k"),
+        (dict(prompt_token_ids=[1], gamma=-1), "gamma"),
+        (dict(prompt_token_ids=[-5]), "prompt_token_ids[0]"),
+        (dict(), "prompt"),
+        (dict(prompt="x", prompt_token_ids=[1]), "prompt"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Generate(generation_pb2.GenerateRequest(**kwargs), metadata=md, timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, kwargs
+        assert field in info.value.details(), kwargs
+    # Garbage bytes on the ingress port: an error for that call, the server lives on.
+    garbage = channel.unary_unary("/tandem.v1.Generation/Generate")
+    with pytest.raises(grpc.RpcError):
+        garbage(b"\xff\xff\xff\x07garbage", metadata=md, timeout=60)
+    ok = stub.Generate(generation_pb2.GenerateRequest(prompt_token_ids=[3], max_tokens=1), metadata=md, timeout=60)
+    assert len(ok.token_ids) == 1
+    channel.close()
+
+
+def test_text_prompt_without_tokenizer_is_failed_precondition(cluster):
+    from dataclasses import replace
+
+    from ray import serve
+
+    from orchestrator.app import build_app
+
+    config = replace(cluster["config"], tokenizer=None, app_name="ids-only")
+    serve.run(build_app(config), name="ids-only", route_prefix="/ids-only")
+    try:
+        with tandem.Client(cluster["address"], app_name="ids-only") as c:
+            with pytest.raises(tandem.FailedPreconditionError) as info:
+                c.generate("hello", max_tokens=2)
+            assert "prompt" in info.value.details
+            assert c.generate(prompt_token_ids=[4, 5], max_tokens=2).text == ""
+    finally:
+        serve.delete("ids-only")
+
+
+def test_sdk_checks_parameters_client_side():
+    c = tandem.Client("127.0.0.1:1")
+    for kwargs in (dict(), dict(prompt="a", prompt_token_ids=[1]), dict(prompt="a", temperature=-1),
+                   dict(prompt="a", top_p=0), dict(prompt="a", top_k=-1), dict(prompt="a", gamma=-2),
+                   dict(prompt="a", gamma="fast"), dict(prompt="a", max_tokens=0)):
+        with pytest.raises(ValueError):
+            c.generate(**kwargs)
+    c.close()
+
+
+def test_async_client(cluster, pair, target_model):
+    prompt = pair["prompts"][5]
+
+    async def run():
+        async with tandem.AsyncClient(cluster["address"]) as c:
+            unary = await c.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            streamed = [t async for chunk in c.stream(prompt_token_ids=prompt, max_tokens=MAX_TOKENS,
+                                                       temperature=0) for t in chunk.token_ids]
+            return unary, streamed
+
+    unary, streamed = asyncio.run(run())
+    assert unary.token_ids == streamed == hf_greedy(target_model, prompt, MAX_TOKENS)
