@@ -54,6 +54,17 @@ def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dt
     raise RuntimeError(f"{kind} worker exited with {proc.wait()} before listening")
 
 
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    """SIGTERM them all, then wait; kill what outlives the timeout."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def _drain(stream) -> None:
     for line in stream:
         print(line.rstrip(), flush=True)
@@ -100,13 +111,7 @@ def cmd_up(args) -> None:
         print("stopping tandem ...", flush=True)
         stop_ingress()
     finally:
-        for proc, _ in workers:
-            proc.terminate()
-        for proc, _ in workers:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes([proc for proc, _ in workers])
         if redis_server:
             redis_server.stop()
     print("tandem stopped", flush=True)
@@ -181,8 +186,10 @@ def cmd_plan(args) -> None:
 
     if not 0 <= args.alpha <= 1:
         raise SystemExit("tandem plan: --alpha must be in [0, 1]")
+    if args.max_gamma < 0:
+        raise SystemExit("tandem plan: --max-gamma must be >= 0")
     if args.cost_ratio is not None:
-        if args.cost_ratio <= 0:
+        if not args.cost_ratio > 0:  # also refuses NaN
             raise SystemExit("tandem plan: --cost-ratio must be > 0")
         gamma = best_gamma(args.alpha, args.cost_ratio, args.max_gamma)
         out = {"gamma": gamma, "tokens_per_step": expected_tokens(args.alpha, gamma),

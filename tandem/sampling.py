@@ -116,7 +116,7 @@ def count_accepted(
     draft_token_probs: list[float], target_token_probs: list[float], u_accept: list[float]
 ) -> int:
     """The orchestrator's accept test: accept position i while u_i < target_i / draft_i."""
-    for i, (d, t, u) in enumerate(zip(draft_token_probs, target_token_probs, u_accept)):
+    for i, (d, t, u) in enumerate(zip(draft_token_probs, target_token_probs, u_accept, strict=True)):
         if not u * d < t:  # u < t/d without dividing; a draft prob is never 0 for a drawn token
             return i
     return len(draft_token_probs)

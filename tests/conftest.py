@@ -2,7 +2,6 @@
 real worker processes, and one Ray Serve session for the whole test run."""
 
 import os
-import subprocess
 
 import pytest
 import torch
@@ -70,17 +69,11 @@ def redis_url():
 @pytest.fixture(scope="session")
 def workers(pair):
     """A draft worker and a target verifier as real processes (`tandem worker`)."""
-    from tandem.cli import spawn_worker
+    from tandem.cli import spawn_worker, stop_processes
 
     procs = [spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32") for kind in ("draft", "target")]
     yield {"draft": procs[0][1], "target": procs[1][1]}
-    for proc, _ in procs:
-        proc.terminate()
-    for proc, _ in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop_processes([proc for proc, _ in procs])
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,255 @@
+"""orchestrator.policy: the analytic model and the adaptive, serializable γ policy."""
+
+import json
+
+import pytest
+
+from orchestrator.policy import CycleCosts, GammaPolicy, analytic_speedup, best_gamma, expected_tokens
+
+ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
+
+
+# --- the analytic model ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_expected_tokens_closed_form(alpha):
+    for gamma in range(0, 17):
+        want = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+        assert expected_tokens(alpha, gamma) == pytest.approx(want, rel=1e-12)
+        assert expected_tokens(alpha, gamma) == pytest.approx(sum(alpha**i for i in range(gamma + 1)), rel=1e-12)
+
+
+def test_expected_tokens_limits():
+    for gamma in range(0, 10):
+        assert expected_tokens(1.0, gamma) == gamma + 1  # every draft accepted, plus the bonus
+        assert expected_tokens(0.0, gamma) == 1.0  # only the recovered token
+        assert expected_tokens(1 - 1e-9, gamma) == pytest.approx(gamma + 1, rel=1e-6)  # continuous at 1
+    for alpha in ALPHAS + [1.0]:
+        assert expected_tokens(alpha, 0) == 1.0  # γ = 0 is plain target decoding
+        values = [expected_tokens(alpha, g) for g in range(10)]
+        assert values == sorted(values)  # more drafting never yields fewer tokens per pass
+
+
+@pytest.mark.parametrize("alpha", ALPHAS + [1.0])
+@pytest.mark.parametrize("cost_ratio", [0.5, 1.0, 3.0, 10.0, 20.0, 100.0])
+def test_analytic_speedup_and_best_gamma_brute_force(alpha, cost_ratio):
+    for gamma in range(0, 17):
+        want = expected_tokens(alpha, gamma) / (1 + gamma / cost_ratio)
+        assert analytic_speedup(alpha, gamma, cost_ratio) == pytest.approx(want, rel=1e-12)
+    for max_gamma in (0, 1, 4, 8, 16):
+        speedups = [analytic_speedup(alpha, g, cost_ratio) for g in range(max_gamma + 1)]
+        best = best_gamma(alpha, cost_ratio, max_gamma)
+        assert 0 <= best <= max_gamma
+        assert speedups[best] == max(speedups)
+        assert best == speedups.index(max(speedups))  # the smallest γ among equals
+
+
+def test_best_gamma_known_values():
+    # α = 0.8, C = 20: speedups rise to γ = 8 (3.092) and fall after (γ = 9: 3.078).
+    assert best_gamma(0.8, 20.0, 16) == 8
+    assert analytic_speedup(0.8, 8, 20.0) == pytest.approx((1 - 0.8**9) / 0.2 / 1.4)
+    assert analytic_speedup(0.8, 8, 20.0) > analytic_speedup(0.8, 7, 20.0)
+    assert analytic_speedup(0.8, 8, 20.0) > analytic_speedup(0.8, 9, 20.0)
+    assert best_gamma(0.8, 20.0, 5) == 5  # capped
+    assert best_gamma(0.6, 10.0, 16) == 3
+    assert best_gamma(0.0, 1000.0, 16) == 0  # nothing is ever accepted: never draft
+    assert best_gamma(0.3, 0.5, 16) == 0  # a draft slower than the target never pays
+    assert best_gamma(1.0, 1.0, 8) == 0  # all speedups exactly 1: the smallest γ wins the tie
+    assert best_gamma(1.0, 2.0, 8) == 8
+
+
+# --- GammaPolicy -----------------------------------------------------------------------------
+
+
+def cheap_good_cycle(gamma: int) -> CycleCosts:
+    """A cheap draft that is always right: verify costs 10 + 0.5 per token verified."""
+    return CycleCosts(gamma=gamma, accepted=gamma, draft_compute_ms=0.2 * gamma, draft_transport_ms=0.3,
+                      verify_compute_ms=10 + 0.5 * (gamma + 1), verify_transport_ms=0.3, overhead_ms=0.5)
+
+
+def costly_bad_cycle(gamma: int) -> CycleCosts:
+    """An expensive draft that is always wrong."""
+    return CycleCosts(gamma=gamma, accepted=0, draft_compute_ms=30.0 * gamma if gamma else 0.0,
+                      draft_transport_ms=2.0 if gamma else 0.0, verify_compute_ms=10 + 0.5 * (gamma + 1),
+                      verify_transport_ms=0.3, overhead_ms=0.5)
+
+
+def brute_force_choice(policy: GammaPolicy, top: int) -> int:
+    rates = [policy.tokens_per_ms(g) for g in range(top + 1)]
+    return rates.index(max(rates))
+
+
+def trained(cycle, gammas) -> GammaPolicy:
+    policy = GammaPolicy()
+    for g in gammas:
+        policy.observe(cycle(g))
+    return policy
+
+
+def test_defaults_and_initial_gamma_before_measurements():
+    policy = GammaPolicy()
+    assert policy.alpha == pytest.approx(policy.prior_alpha)
+    assert policy.choose() == policy.initial_gamma == 4
+    assert GammaPolicy(initial_gamma=6).choose() == 6
+    assert GammaPolicy(initial_gamma=6, max_gamma=3).choose() == 3
+    assert GammaPolicy(initial_gamma=6).choose(limit=2) == 2
+    assert GammaPolicy(initial_gamma=6).choose(limit=0) == 0
+    assert GammaPolicy(initial_gamma=6).choose(limit=-3) == 0
+    # A γ-0 cycle measures the target but not the draft: still the initial γ.
+    policy.observe(costly_bad_cycle(0))
+    assert policy.n > 0 and policy.draft_ms_per_token < 0
+    assert policy.choose() == 4
+
+
+def test_high_acceptance_and_cheap_draft_picks_large_gamma():
+    policy = trained(cheap_good_cycle, [4, 8, 6, 8, 2, 8] * 5)
+    assert policy.alpha > 0.95
+    assert policy.choose() == policy.max_gamma == 8
+    assert policy.choose() == brute_force_choice(policy, 8)
+    assert policy.choose(limit=5) == 5
+    assert policy.choose(limit=100) == 8
+
+
+def test_zero_acceptance_and_expensive_draft_picks_zero():
+    policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
+    assert policy.alpha < 0.15
+    assert policy.choose() == 0
+    assert policy.choose(limit=3) == 0
+
+
+def test_choose_is_the_argmax_of_tokens_per_ms():
+    for cycle, gammas in [(cheap_good_cycle, [1, 3, 5, 2]), (costly_bad_cycle, [2, 3, 1])]:
+        policy = trained(cycle, gammas)
+        for limit in range(0, 10):
+            top = min(limit, policy.max_gamma)
+            assert policy.choose(limit) == brute_force_choice(policy, top)
+
+
+def test_probe_after_a_streak_of_zero_cycles():
+    policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
+    assert policy.probe_every == 8
+    choices = []
+    for _ in range(policy.probe_every - 1):
+        choices.append(policy.choose())
+        policy.observe(costly_bad_cycle(0))
+    assert choices == [0] * (policy.probe_every - 1)
+    assert policy.zero_streak == policy.probe_every - 1
+    probe = policy.choose()
+    assert probe > 0
+    rates = [policy.tokens_per_ms(g) for g in range(1, policy.max_gamma + 1)]
+    assert probe == 1 + rates.index(max(rates))  # the best drafting γ
+    assert policy.choose(limit=0) == 0  # the limit wins over the probe
+    assert policy.choose(limit=1) == 1
+    policy.observe(costly_bad_cycle(probe))  # the probe fails: back to γ = 0, streak restarts
+    assert policy.zero_streak == 0
+    assert policy.choose() == 0
+
+
+def test_probe_every_is_configurable():
+    policy = GammaPolicy.from_dict(trained(costly_bad_cycle, [4] * 20).to_dict() | {"probe_every": 3})
+    policy.zero_streak = 0
+    assert policy.choose() == 0
+    policy.observe(costly_bad_cycle(0))
+    assert policy.choose() == 0
+    policy.observe(costly_bad_cycle(0))
+    assert policy.choose() > 0
+
+
+def test_acceptance_estimate_counts_verified_tokens():
+    """α = accepted / verified, verified = accepted + the one rejected token (ARCHITECTURE)."""
+    policy = GammaPolicy(prior_alpha=0.6, prior_weight=2.0, decay=0.9)
+    policy.observe(CycleCosts(4, 2, 4.0, 1.0, 10.0, 1.0, 1.0))  # 2 accepted, 3 verified
+    assert (policy.accepted, policy.verified) == (2.0, 3.0)
+    assert policy.alpha == pytest.approx((2 + 1.2) / (3 + 2))
+    policy.observe(CycleCosts(4, 4, 4.0, 1.0, 10.0, 1.0, 1.0))  # all accepted: 4 verified
+    assert policy.accepted == pytest.approx(0.9 * 2 + 4)
+    assert policy.verified == pytest.approx(0.9 * 3 + 4)
+    policy.observe(CycleCosts(3, 0, 3.0, 1.0, 10.0, 1.0, 1.0))  # first rejected: 1 verified
+    assert policy.verified == pytest.approx(0.9 * (0.9 * 3 + 4) + 1)
+    before = (policy.accepted, policy.verified)
+    policy.observe(CycleCosts(0, 0, 0.0, 0.0, 10.0, 1.0, 1.0))  # γ = 0 verifies no draft
+    assert (policy.accepted, policy.verified) == before
+    perfect = GammaPolicy(prior_alpha=1.0)
+    for _ in range(5):
+        perfect.observe(cheap_good_cycle(4))
+    assert perfect.alpha == 0.999  # capped below 1
+
+
+def test_cost_estimates():
+    policy = GammaPolicy(decay=0.9)
+    policy.observe(CycleCosts(4, 2, draft_compute_ms=8.0, draft_transport_ms=1.0, verify_compute_ms=12.0,
+                              verify_transport_ms=2.0, overhead_ms=3.0))
+    assert policy.draft_ms_per_token == 2.0 and policy.draft_transport_ms == 1.0
+    assert policy.verify_transport_ms == 2.0 and policy.overhead_ms == 3.0
+    policy.observe(CycleCosts(2, 2, draft_compute_ms=8.0, draft_transport_ms=3.0, verify_compute_ms=12.0,
+                              verify_transport_ms=4.0, overhead_ms=5.0))
+    assert policy.draft_ms_per_token == pytest.approx(0.9 * 2 + 0.1 * 4)
+    assert policy.draft_transport_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
+    assert policy.verify_transport_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
+    assert policy.overhead_ms == pytest.approx(0.9 * 3 + 0.1 * 5)
+    before = (policy.draft_ms_per_token, policy.draft_transport_ms)
+    policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
+    assert (policy.draft_ms_per_token, policy.draft_transport_ms) == before
+
+
+def test_verify_cost_fit_recovers_a_linear_cost():
+    policy = GammaPolicy()
+    for g in [1, 5, 2, 8, 3, 0, 6, 4] * 3:
+        policy.observe(CycleCosts(g, 0, 1.0 * g, 0.5, 5.0 + 2.0 * (g + 1), 0.5, 0.5))
+    for g in range(0, 9):
+        assert policy.verify_ms(g) == pytest.approx(5.0 + 2.0 * (g + 1), rel=1e-6)
+        draft = g * policy.draft_ms_per_token + policy.draft_transport_ms if g else 0.0
+        want = draft + policy.verify_ms(g) + policy.verify_transport_ms + policy.overhead_ms
+        assert policy.cycle_ms(g) == pytest.approx(want)
+
+
+def test_verify_cost_fit_is_never_negative_or_decreasing():
+    steep = GammaPolicy()  # y = 3x - 2: the line would be negative at x = 0
+    for g in [1, 3, 5, 7] * 3:
+        steep.observe(CycleCosts(g, 0, 1.0, 0.0, 3.0 * (g + 1) - 2.0, 0.0, 0.0))
+    assert steep.verify_ms(-1) == pytest.approx(0.0, abs=1e-9)  # clamped to pass through the origin
+    assert all(steep.verify_ms(g) > 0 for g in range(9))
+    falling = GammaPolicy()  # noise making verify look cheaper with more tokens: slope 0
+    for g in [1, 3, 5, 7] * 3:
+        falling.observe(CycleCosts(g, 0, 1.0, 0.0, 20.0 - g, 0.0, 0.0))
+    assert falling.verify_ms(0) == pytest.approx(falling.verify_ms(8))
+    flat = GammaPolicy()  # one γ only: no slope can be fitted
+    for _ in range(5):
+        flat.observe(CycleCosts(4, 0, 1.0, 0.0, 7.0, 0.0, 0.0))
+    assert flat.verify_ms(0) == pytest.approx(7.0) and flat.verify_ms(8) == pytest.approx(7.0)
+
+
+def test_round_trip_through_json():
+    fresh = GammaPolicy()
+    assert GammaPolicy.from_dict(json.loads(json.dumps(fresh.to_dict()))) == fresh
+    policy = trained(cheap_good_cycle, [4, 8, 6, 2, 8, 0, 0, 3])
+    state = json.loads(json.dumps(policy.to_dict()))
+    assert set(state) >= {"max_gamma", "accepted", "verified", "draft_ms_per_token", "zero_streak"}
+    restored = GammaPolicy.from_dict(state)
+    assert restored == policy and restored is not policy
+    assert restored.choose() == policy.choose()
+    for limit in range(5):
+        assert restored.choose(limit) == policy.choose(limit)
+    restored.observe(cheap_good_cycle(5))  # the copies are independent
+    assert restored != policy
+
+
+def test_from_dict_tolerates_unknown_and_missing_fields():
+    state = GammaPolicy(max_gamma=6).to_dict() | {"field_from_a_newer_version": 1}
+    assert GammaPolicy.from_dict(state) == GammaPolicy(max_gamma=6)
+    assert GammaPolicy.from_dict({"max_gamma": 3}) == GammaPolicy(max_gamma=3)
+
+
+def test_with_fresh_acceptance_keeps_costs_and_forgets_acceptance():
+    policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
+    for _ in range(3):
+        policy.observe(costly_bad_cycle(0))
+    snapshot = policy.to_dict()
+    fresh = policy.with_fresh_acceptance()
+    assert policy.to_dict() == snapshot  # the original is untouched
+    assert (fresh.accepted, fresh.verified, fresh.zero_streak) == (0.0, 0.0, 0)
+    assert fresh.alpha == pytest.approx(fresh.prior_alpha)
+    kept = {k: v for k, v in snapshot.items() if k not in ("accepted", "verified", "zero_streak")}
+    assert {k: v for k, v in fresh.to_dict().items() if k in kept} == kept
+    assert fresh.cycle_ms(3) == policy.cycle_ms(3)
