@@ -1,4 +1,4 @@
-"""The `tandem` command: run a local cluster, its parts one by one, generate, and plan γ."""
+"""The `tandem` command: run a local cluster, its parts one by one, generate, check a pair, plan γ."""
 
 import argparse
 import json
@@ -12,22 +12,16 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODELS = PROJECT_ROOT / "models"
-RANDOM_PAIR_DIR = PROJECT_ROOT / ".tandem" / "random-pair"
+HELDOUT_PROMPTS = PROJECT_ROOT / "benchmarks" / "prompts" / "heldout.jsonl"
 
 
 def default_pair() -> tuple[str, str]:
-    """(draft, target): the shipped pair in models/, or a random stand-in built once."""
+    """(draft, target): the pair shipped in models/."""
     draft, target = SHIPPED_MODELS / "draft", SHIPPED_MODELS / "target"
-    if (draft / "config.json").exists() and (target / "config.json").exists():
-        return str(draft), str(target)
-    if not (RANDOM_PAIR_DIR / "target" / "config.json").exists():
-        print(f"no trained pair in {SHIPPED_MODELS} yet: building a RANDOM demo pair in {RANDOM_PAIR_DIR} "
-              "(gibberish text, meaningless acceptance; pass --draft-model/--target-model for real models)",
-              flush=True)
-        from tandem.randompair import build_random_pair
-
-        build_random_pair(str(RANDOM_PAIR_DIR))
-    return str(RANDOM_PAIR_DIR / "draft"), str(RANDOM_PAIR_DIR / "target")
+    if not ((draft / "config.json").exists() and (target / "config.json").exists()):
+        raise SystemExit(f"tandem: no model pair in {SHIPPED_MODELS}; rebuild it with "
+                         "`.venv/bin/python models/build_pair.py` or pass --draft-model/--target-model")
+    return str(draft), str(target)
 
 
 # --- tandem worker ---------------------------------------------------------------------------
@@ -205,6 +199,28 @@ def cmd_plan(args) -> None:
               + (f", speedup {out['speedup']:.3f}x over the target alone" if "speedup" in out else ""))
 
 
+# --- tandem check ----------------------------------------------------------------------------
+
+
+def cmd_check(args) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from tandem.suitability import PairMismatch, check_pair, load_prompts
+
+    hf_logging.disable_progress_bar()
+    default_draft, default_target = (None, None) if args.draft and args.target else default_pair()
+    draft, target = args.draft or default_draft, args.target or default_target
+    try:
+        prompts = load_prompts(args.prompts)[:args.limit]
+        report = check_pair(draft, target, prompts, max_new_tokens=args.max_new_tokens, max_gamma=args.max_gamma,
+                            threads=args.threads)
+    except (PairMismatch, ValueError, OSError) as e:
+        raise SystemExit(f"tandem check: {e}") from None
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
+    if report.verdict.startswith("unsuitable"):
+        sys.exit(1)
+
+
 # --- argument parsing ------------------------------------------------------------------------
 
 
@@ -256,6 +272,19 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--host", default="0.0.0.0")
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.set_defaults(func=cmd_orchestrator)
+
+    check = sub.add_parser("check", help="measure a draft/target pair: vocabulary, cost, acceptance, speedup")
+    check.add_argument("--draft", help="draft model directory (default: the shipped pair)")
+    check.add_argument("--target", help="target model directory (default: the shipped pair)")
+    check.add_argument("--prompts", default=str(HELDOUT_PROMPTS),
+                       help="JSON lines with a 'prompt' field, or text with prompts separated by '---' lines "
+                            "(default: held-out third-party code)")
+    check.add_argument("--limit", type=int, default=32, help="use at most this many prompts")
+    check.add_argument("--max-new-tokens", type=int, default=64, help="target continuation scored per prompt")
+    check.add_argument("--max-gamma", type=int, default=8)
+    check.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1, as a worker)")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=cmd_check)
 
     plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup")
     plan.add_argument("--alpha", type=float, required=True, help="acceptance rate in [0, 1]")

@@ -1,12 +1,12 @@
-"""A random draft/target pair with a real tokenizer, built in seconds with no downloads.
+"""Tiny random models with a real tokenizer, built in seconds with no downloads.
 
-It stands in until a trained pair is shipped in models/, and the tests build their tiny models
-with it. The weights are random, so the text is gibberish and acceptance says nothing about a
-real pair; the mechanics (tokenizer, from_pretrained, caches, exactness) are the real ones.
+The tests build their models with it, and models/build_pair.py trains its tokenizer with
+`train_tokenizer`. Random weights say nothing about acceptance; the mechanics (tokenizer,
+from_pretrained, caches, exactness) are the real ones.
 """
 
-import os
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -28,16 +28,22 @@ def _stdlib_sample(max_chars: int) -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int, max_chars: int = 400_000) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on a slice of the standard library."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, show_progress: bool = False,
+                    length: int | None = None) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with tandem's special tokens (pad, bos, eos)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_stdlib_sample(max_chars), trainer)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=show_progress,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer, length=length)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIAL[0], bos_token=SPECIAL[1],
-                                   eos_token=SPECIAL[2])
+                                   eos_token=SPECIAL[2], model_max_length=1024)
+
+
+def build_tokenizer(vocab_size: int, max_chars: int = 400_000) -> PreTrainedTokenizerFast:
+    """A tokenizer trained on a slice of the standard library, for tests."""
+    return train_tokenizer(_stdlib_sample(max_chars), vocab_size)
 
 
 def llama_config(vocab_size: int, layers: int, hidden: int, eos_token_id: int, max_context: int = 1024,
@@ -59,13 +65,3 @@ def save_random_model(config: LlamaConfig, out_dir: str, seed: int, tokenizer=No
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir
-
-
-def build_random_pair(out_dir: str, vocab_size: int = 1024, seed: int = 0) -> tuple[str, str]:
-    """A random target (4 layers, d=256) and draft (1 layer, d=64) sharing one tokenizer."""
-    tokenizer = build_tokenizer(vocab_size)
-    vocab = len(tokenizer)
-    eos = tokenizer.convert_tokens_to_ids(SPECIAL[2])
-    target = save_random_model(llama_config(vocab, 4, 256, eos), os.path.join(out_dir, "target"), seed, tokenizer)
-    draft = save_random_model(llama_config(vocab, 1, 64, eos), os.path.join(out_dir, "draft"), seed + 1, tokenizer)
-    return draft, target

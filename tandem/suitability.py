@@ -1,0 +1,203 @@
+"""Is a draft/target pair worth deploying? Measure it before a cluster runs it.
+
+The field's rules of thumb, checked with numbers: the two models must share one vocabulary
+(tandem sends token ids, never text, between them); a draft token should cost well under
+15% of a target token; and what the draft proposes must be accepted often enough that the
+analytic speedup S(α, γ, cost) = E[tokens | α, γ] / (1 + γ·cost) clears 1 with room to spare.
+
+Acceptance is measured the way the cluster experiences it: along the target's own greedy
+continuation of each prompt, at every position,
+  greedy agreement   = P(argmax draft_probs == argmax target_probs)   (α for temperature 0)
+  sampled acceptance = E[Σ_v min(draft_probs(v), target_probs(v))]    (α for temperature 1)
+"""
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from orchestrator.policy import analytic_speedup, best_gamma
+
+COST_RULE = 0.15  # draft/target cost per token, the usual ceiling for a useful draft
+SUITABLE_SPEEDUP = 1.3
+
+
+class PairMismatch(ValueError):
+    """The draft and the target do not share a vocabulary."""
+
+
+@dataclass
+class PairReport:
+    draft: str
+    target: str
+    vocab_size: int
+    prompts: int
+    positions: int  # scored continuation tokens, over all prompts
+    draft_ms: float  # per token, one decode step with a KV cache
+    target_ms: float
+    greedy_agreement: float
+    sampled_acceptance: float
+    max_gamma: int
+    gamma: int = 0  # best γ for greedy requests
+    speedup: float = 1.0  # analytic, greedy
+    gamma_sampled: int = 0
+    speedup_sampled: float = 1.0
+    verdict: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def cost_ratio(self) -> float:
+        """Draft cost per token as a fraction of the target's."""
+        return self.draft_ms / self.target_ms
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "cost_ratio": self.cost_ratio}
+
+    def summary(self) -> str:
+        return "\n".join([
+            f"draft   {self.draft}",
+            f"target  {self.target}",
+            f"vocabulary          shared, {self.vocab_size} tokens",
+            f"cost per token      draft {self.draft_ms:.2f} ms, target {self.target_ms:.2f} ms: "
+            f"ratio {self.cost_ratio:.3f} (rule of thumb: under {COST_RULE})",
+            f"acceptance          greedy agreement {self.greedy_agreement:.3f}, T=1 acceptance "
+            f"{self.sampled_acceptance:.3f} ({self.positions} positions over {self.prompts} prompts)",
+            f"analytic speedup    greedy {self.speedup:.2f}x at gamma {self.gamma}; T=1 {self.speedup_sampled:.2f}x "
+            f"at gamma {self.gamma_sampled} (gamma <= {self.max_gamma})",
+            *(f"problem             {p}" for p in self.problems),
+            f"verdict             {self.verdict}",
+        ])
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    """Prompts from a JSON-lines file (one {"prompt": "..."} per line) or, otherwise, a text
+    file whose prompts are separated by lines holding only `---`."""
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".jsonl"):
+        prompts = [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+    else:
+        prompts = [p.strip("\n") for p in text.split("\n---\n") if p.strip()]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def _tokenizer(model_dir: str):
+    return AutoTokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer_config.json").exists() else None
+
+
+def check_vocabulary(draft_dir: str, target_dir: str) -> int:
+    """The shared vocabulary size, or PairMismatch saying how the two differ."""
+    sizes = {name: AutoConfig.from_pretrained(d).vocab_size for name, d in (("draft", draft_dir), ("target", target_dir))}
+    if sizes["draft"] != sizes["target"]:
+        raise PairMismatch(f"draft and target vocabularies differ: the draft has {sizes['draft']} tokens, "
+                           f"the target {sizes['target']}; speculative decoding needs one shared vocabulary")
+    draft_tok, target_tok = _tokenizer(draft_dir), _tokenizer(target_dir)
+    if draft_tok is not None and target_tok is not None:
+        draft_vocab, target_vocab = draft_tok.get_vocab(), target_tok.get_vocab()
+        differ = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()), key=lambda kv: kv[1])
+        if differ:
+            token, idx = differ[0]
+            raise PairMismatch(f"draft and target tokenizers differ: {len(differ)} (token, id) pairs are not shared, "
+                               f"e.g. {token!r} -> {idx}; speculative decoding needs one shared vocabulary")
+    return sizes["target"]
+
+
+@torch.inference_mode()
+def _decode_times(model, context: list[int], steps: int) -> list[float]:
+    """Wall seconds of `steps` decode steps with a KV cache, after prefilling `context`."""
+    cache = DynamicCache(config=model.config)
+    token = model(input_ids=torch.tensor([context]), past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)  # [1, 1]
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def cost_per_token_ms(models: list, context: list[int], rounds: int = 7, steps: int = 16) -> list[float]:
+    """Median milliseconds per decode step for each model, the models taking turns for
+    `rounds` rounds so that a noisy machine slows them alike."""
+    times: list[list[float]] = [[] for _ in models]
+    for _ in range(rounds):
+        for model, acc in zip(models, times):
+            acc += _decode_times(model, context, steps)[1:]  # the first step warms up
+    return [statistics.median(t) * 1e3 for t in times]
+
+
+@torch.inference_mode()
+def greedy_continuation(model, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+    cache = DynamicCache(config=model.config)
+    ids, out = torch.tensor([prompt]), []
+    for _ in range(max_new_tokens):
+        token = int(model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax())
+        out.append(token)
+        if token == eos:
+            break
+        ids = torch.tensor([[token]])
+    return out
+
+
+@torch.inference_mode()
+def acceptance(draft, target, prompt: list[int], continuation: list[int]) -> tuple[int, float, int]:
+    """(argmax agreements, Σ over positions of Σ_v min(draft_probs, target_probs), positions)."""
+    ids = torch.tensor([prompt + continuation[:-1]])
+    scored = slice(len(prompt) - 1, None)
+    draft_probs = torch.softmax(draft(input_ids=ids).logits[0, scored].double(), -1)  # [n, vocab]
+    target_probs = torch.softmax(target(input_ids=ids).logits[0, scored].double(), -1)  # [n, vocab]
+    agree = int((draft_probs.argmax(-1) == target_probs.argmax(-1)).sum())
+    return agree, float(torch.minimum(draft_probs, target_probs).sum()), len(continuation)
+
+
+def verdict(report: PairReport) -> PairReport:
+    if report.cost_ratio > COST_RULE:
+        report.problems.append(f"a draft token costs {report.cost_ratio:.2f} of a target token (rule of thumb: "
+                               f"under {COST_RULE}); the draft spends much of what it saves")
+    if report.speedup <= 1.0:
+        report.verdict = "unsuitable: the target alone is faster than any gamma"
+    elif report.speedup >= SUITABLE_SPEEDUP and not report.problems:
+        report.verdict = f"suitable: expect about {report.speedup:.2f}x over the target alone (greedy)"
+    else:
+        report.verdict = f"marginal: at most {report.speedup:.2f}x over the target alone (greedy)"
+    return report
+
+
+def check_pair(draft_dir: str, target_dir: str, prompts: list[str] | list[list[int]], max_new_tokens: int = 64,
+               max_gamma: int = 8, threads: int = 1) -> PairReport:
+    """Measure the pair on `prompts` (text, or token ids when neither model has a tokenizer)."""
+    vocab = check_vocabulary(draft_dir, target_dir)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)  # one thread each, as `tandem up` runs the workers here
+    try:
+        draft, target = (AutoModelForCausalLM.from_pretrained(d).eval() for d in (draft_dir, target_dir))
+        tokenizer = _tokenizer(target_dir) or _tokenizer(draft_dir)
+        if prompts and isinstance(prompts[0], str):
+            if tokenizer is None:
+                raise ValueError("text prompts need a tokenizer, and neither model directory has one")
+            prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        eos = target.generation_config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        agree, mass, positions = 0, 0.0, 0
+        if any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        for prompt in prompts:
+            a, m, n = acceptance(draft, target, prompt, greedy_continuation(target, prompt, max_new_tokens, eos))
+            agree, mass, positions = agree + a, mass + m, positions + n
+        draft_ms, target_ms = cost_per_token_ms([draft, target], prompts[0])
+        report = PairReport(draft=draft_dir, target=target_dir, vocab_size=vocab, prompts=len(prompts),
+                            positions=positions, draft_ms=draft_ms, target_ms=target_ms,
+                            greedy_agreement=agree / positions,
+                            sampled_acceptance=mass / positions, max_gamma=max_gamma)
+    finally:
+        torch.set_num_threads(previous_threads)
+    inverse_cost = 1.0 / report.cost_ratio  # analytic_speedup takes target cost / draft cost
+    report.gamma = best_gamma(report.greedy_agreement, inverse_cost, max_gamma)
+    report.speedup = analytic_speedup(report.greedy_agreement, report.gamma, inverse_cost)
+    report.gamma_sampled = best_gamma(report.sampled_acceptance, inverse_cost, max_gamma)
+    report.speedup_sampled = analytic_speedup(report.sampled_acceptance, report.gamma_sampled, inverse_cost)
+    return verdict(report)

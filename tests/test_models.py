@@ -1,0 +1,64 @@
+"""The pair shipped in models/: loads the way users load it, shares one vocabulary, and its
+tokenizer gives back code exactly."""
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem.cli import default_pair
+from tandem.corpus import read, stdlib_files
+from tandem.suitability import check_vocabulary, load_prompts
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "heldout.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(MODELS / "target")
+
+
+def test_default_pair_is_the_shipped_pair():
+    assert default_pair() == (str(MODELS / "draft"), str(MODELS / "target"))
+
+
+@pytest.mark.parametrize("name", ["draft", "target"])
+def test_loads_through_from_pretrained(name, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(MODELS / name)
+    assert model.config.model_type == "llama"
+    assert model.config.vocab_size == len(tokenizer)
+    assert (MODELS / name / "model.safetensors").exists()
+    assert AutoTokenizer.from_pretrained(MODELS / name).get_vocab() == tokenizer.get_vocab()
+
+
+def test_one_vocabulary_and_special_tokens(tokenizer):
+    assert check_vocabulary(str(MODELS / "draft"), str(MODELS / "target")) == len(tokenizer)
+    assert 4000 <= len(tokenizer) <= 8192
+    assert tokenizer.eos_token == "<|eos|>" and tokenizer.pad_token == "<|pad|>"
+    assert AutoModelForCausalLM.from_pretrained(MODELS / "target").generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_draft_is_much_smaller_and_the_pair_fits_in_60_mb():
+    draft, target = (AutoModelForCausalLM.from_pretrained(MODELS / n) for n in ("draft", "target"))
+    assert draft.num_parameters() * 10 <= target.num_parameters()
+    size = sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file() and f.parent.name in ("draft", "target"))
+    assert size <= 60 * 2**20
+
+
+def test_tokenizer_round_trips_code_exactly(tokenizer):
+    texts = [read(f) for f in stdlib_files()[::40]] + load_prompts(PROMPTS)
+    texts += ["s = 'naïve café ☕ 日本語'\n\tif x:\r\n        pass  # trailing spaces   \n", "\x00\x7f", ""]
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+
+
+def test_results_describe_the_shipped_draft():
+    results = json.loads((MODELS / "results.json").read_text())
+    shipped = results["drafts"][results["shipped"]]
+    config = AutoModelForCausalLM.from_pretrained(MODELS / "draft").config
+    assert results["parameters"][results["shipped"]] == AutoModelForCausalLM.from_pretrained(MODELS / "draft").num_parameters()
+    assert config.num_hidden_layers == results["shape"]["draft"]["layers"] or results["shipped"] == "truncated"
+    assert 0 < shipped["greedy_agreement"] <= 1
