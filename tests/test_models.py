@@ -62,3 +62,50 @@ def test_results_describe_the_shipped_draft():
     assert results["parameters"][results["shipped"]] == AutoModelForCausalLM.from_pretrained(MODELS / "draft").num_parameters()
     assert config.num_hidden_layers == results["shape"]["draft"]["layers"] or results["shipped"] == "truncated"
     assert 0 < shipped["greedy_agreement"] <= 1
+
+
+@pytest.fixture(scope="module")
+def shipped_workers():
+    """The shipped pair served by real `tandem worker` processes."""
+    from tandem.cli import spawn_worker, stop_processes
+
+    procs = [spawn_worker(kind, str(MODELS / kind), "127.0.0.1", 1, "cpu", "float32") for kind in ("draft", "target")]
+    yield {"draft": procs[0][1], "target": procs[1][1]}
+    stop_processes([proc for proc, _ in procs])
+
+
+def test_shipped_pair_greedy_is_token_identical_to_the_target(shipped_workers, redis_url, tokenizer):
+    """A trained pair accepts some drafted tokens and rejects others in every generation, which
+    random pairs rarely do; the output must still be the target's own, token for token."""
+    import asyncio
+
+    import torch
+
+    from orchestrator.clients import DraftClient, VerifierClient
+    from orchestrator.cycle import Session, SpeculativeLoop
+    from orchestrator.policy import GammaPolicy
+    from orchestrator.store import SessionRecord, SessionStore
+    from tandem.sampling import SamplingParams
+
+    target = AutoModelForCausalLM.from_pretrained(MODELS / "target").eval()
+    prompts = [tokenizer(p)["input_ids"] for p in load_prompts(PROMPTS)[:3]]
+
+    async def run(prompt: list[int], index: int, gamma: int | None) -> tuple[list[int], Session]:
+        draft, verifier = DraftClient(shipped_workers["draft"]), VerifierClient(shipped_workers["target"])
+        store = SessionStore.from_url(redis_url)
+        loop = SpeculativeLoop(draft, verifier, store, (tokenizer.eos_token_id,))
+        s = Session(f"shipped-{index}", SamplingParams(temperature=0.0), list(prompt), len(prompt), 32, GammaPolicy(),
+                    fixed_gamma=gamma)
+        await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+        out = [t async for cycle in loop.run(s) for t in cycle.tokens]
+        await asyncio.gather(draft.close(), verifier.close(), store.close())
+        return out, s
+
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            expected = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32)[0, len(prompt):]
+        gamma = 3 if i < 2 else None  # fixed γ: the acceptance pattern is deterministic; then adaptive
+        out, s = asyncio.run(run(prompt, i, gamma))
+        assert out == expected.tolist()
+        if gamma:
+            assert 0 < s.stats.accepted_tokens < s.stats.drafted_tokens  # real partial acceptance
