@@ -24,7 +24,6 @@ models/loss.png. Intermediate files go to .tandem/build/.
 import argparse
 import json
 import math
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -296,10 +295,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     budget = scaled(BUDGETS[args.budget], args.steps_scale)
-    random.seed(args.seed)
     torch.manual_seed(args.seed)
-    if args.device == "cpu":
-        torch.set_num_threads(max(1, torch.get_num_threads()))
     work = args.work / args.budget
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()
