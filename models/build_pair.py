@@ -140,64 +140,52 @@ def optimizer(model, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
 
+def next_token_loss(model, windows: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each window's next tokens.  windows: [b, context + 1]"""
+    logits = model(input_ids=windows[:, :-1]).logits  # [b, context, vocab]
+    return F.cross_entropy(logits.flatten(0, 1).float(), windows[:, 1:].flatten())
+
+
+def distill_loss(draft, target, windows: torch.Tensor) -> torch.Tensor:
+    """KL(target || draft) at T=1, per token.  windows: [b, context + 1]"""
+    inputs = windows[:, :-1]
+    with torch.no_grad():
+        target_logprobs = F.log_softmax(target(input_ids=inputs).logits.float(), -1)  # [b, ctx, vocab]
+    draft_logprobs = F.log_softmax(draft(input_ids=inputs).logits.float(), -1)  # [b, ctx, vocab]
+    return F.kl_div(draft_logprobs.flatten(0, 1), target_logprobs.flatten(0, 1), log_target=True,
+                    reduction="batchmean")
+
+
 @torch.no_grad()
 def eval_loss(model, stream: torch.Tensor, context: int, device: str, max_windows: int = 64) -> float:
     """Mean next-token cross-entropy over consecutive windows of the stream."""
     model.eval()
     n = min(max_windows, (len(stream) - 1) // context)
     windows = torch.stack([stream[i * context:(i + 1) * context + 1] for i in range(n)]).to(device)
-    losses = []
-    for w in windows.split(8):
-        logits = model(input_ids=w[:, :-1]).logits  # [b, context, vocab]
-        losses.append(F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten()).item())
+    losses = [next_token_loss(model, w).item() for w in windows.split(8)]
     model.train()
     return sum(losses) / len(losses)
 
 
-def train_target(model, train: torch.Tensor, val: torch.Tensor, budget: Budget, seed: int, device: str) -> list:
-    opt = optimizer(model, budget.target_lr)
+def fit(model, loss_of, train: torch.Tensor, budget: Budget, steps: int, peak_lr: float, seed: int, device: str,
+        desc: str, metric: str, evaluate=None) -> list:
+    """The loop every stage shares: seeded windows, AdamW, warmup then cosine, clipped gradients.
+    loss_of(windows) gives the loss; evaluate(), if given, runs every 100 steps and at the end."""
+    opt = optimizer(model, peak_lr)
     curve = []
-    bar = tqdm(enumerate(batches(train, budget, budget.target_steps, seed)), total=budget.target_steps,
-               desc="target", unit="step")
+    bar = tqdm(enumerate(batches(train, budget, steps, seed)), total=steps, desc=desc, unit="step")
     for step, batch in bar:
-        batch = batch.to(device)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, budget.target_steps, budget.target_lr)
-        logits = model(input_ids=batch[:, :-1]).logits  # [batch, context, vocab]
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+            group["lr"] = lr_at(step, steps, peak_lr)
+        loss = loss_of(batch.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        curve.append({"step": step, "train_loss": loss.item()})
-        if step % 100 == 0 or step == budget.target_steps - 1:
-            curve[-1]["val_loss"] = eval_loss(model, val, budget.context, device, max_windows=16)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
-    return curve
-
-
-def distill(draft, target, train: torch.Tensor, budget: Budget, steps: int, seed: int, device: str,
-            name: str) -> list:
-    """Fit the draft to the target's next-token distributions: KL(target || draft) at T=1."""
-    target.eval()
-    opt = optimizer(draft, budget.draft_lr)
-    curve = []
-    bar = tqdm(enumerate(batches(train, budget, steps, seed)), total=steps, desc=name, unit="step")
-    for step, batch in bar:
-        inputs = batch[:, :-1].to(device)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, budget.draft_lr)
-        with torch.no_grad():
-            target_logprobs = F.log_softmax(target(input_ids=inputs).logits.float(), -1)  # [b, ctx, vocab]
-        draft_logprobs = F.log_softmax(draft(input_ids=inputs).logits.float(), -1)  # [b, ctx, vocab]
-        loss = F.kl_div(draft_logprobs.flatten(0, 1), target_logprobs.flatten(0, 1), log_target=True,
-                        reduction="batchmean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        curve.append({"step": step, "kl": loss.item()})
-        bar.set_postfix(kl=f"{loss.item():.3f}")
+        curve.append({"step": step, metric: loss.item()})
+        if evaluate and (step % 100 == 0 or step == steps - 1):
+            curve[-1]["val_loss"] = evaluate()
+        bar.set_postfix({metric: f"{loss.item():.3f}"})
     return curve
 
 
@@ -249,20 +237,22 @@ def plot(curves: dict, out: Path) -> None:
 def train_new_target(tokenizer, train, val, budget: Budget, args):
     torch.manual_seed(args.seed)
     target = llama(budget.target, tokenizer).to(args.device)
-    return target, train_target(target, train, val, budget, args.seed, args.device)
+    return target, fit(target, lambda w: next_token_loss(target, w), train, budget, budget.target_steps,
+                       budget.target_lr, args.seed, args.device, "target", "train_loss",
+                       evaluate=lambda: eval_loss(target, val, budget.context, args.device, max_windows=16))
 
 
 def distill_new_draft(target, tokenizer, train, budget: Budget, args):
     torch.manual_seed(args.seed + 1)
     draft = llama(budget.draft, tokenizer).to(args.device)
-    return draft, distill(draft, target, train, budget, budget.distill_steps, args.seed + 1, args.device,
-                          "distill draft")
+    return draft, fit(draft, lambda w: distill_loss(draft, target.eval(), w), train, budget, budget.distill_steps,
+                      budget.draft_lr, args.seed + 1, args.device, "distill draft", "kl")
 
 
 def truncate_target(target, train, budget: Budget, args):
     draft = truncated_draft(target, 1).to(args.device)
-    return draft, distill(draft, target, train, budget, budget.truncated_steps, args.seed + 2, args.device,
-                          "truncated draft")
+    return draft, fit(draft, lambda w: distill_loss(draft, target.eval(), w), train, budget, budget.truncated_steps,
+                      budget.draft_lr, args.seed + 2, args.device, "truncated draft", "kl")
 
 
 def stage(out: Path, reuse: bool, build, tokenizer, record: dict):

@@ -27,7 +27,8 @@ class CacheMiss(Exception):
     """The runtime holds fewer tokens of the session than the caller believes."""
 
 
-def _eos_ids(config) -> tuple[int, ...]:
+def eos_token_ids(config) -> tuple[int, ...]:
+    """A config's (or generation config's) EOS ids as a tuple; HF allows an int or a list."""
     eos = getattr(config, "eos_token_id", None)
     if eos is None:
         return ()
@@ -62,7 +63,7 @@ class ModelRuntime:
             model=model_dir,
             vocab_size=int(self.model.get_output_embeddings().weight.shape[0]),
             max_context=int(getattr(config, "max_position_embeddings", 2048)),
-            eos_token_ids=_eos_ids(self.model.generation_config) or _eos_ids(config),
+            eos_token_ids=eos_token_ids(self.model.generation_config) or eos_token_ids(config),
             device=str(self.device),
             dtype=dtype,
             num_parameters=sum(p.numel() for p in self.model.parameters()),

@@ -205,7 +205,7 @@ def cmd_plan(args) -> None:
 def cmd_check(args) -> None:
     from transformers.utils import logging as hf_logging
 
-    from tandem.suitability import PairMismatch, check_pair, load_prompts
+    from tandem.suitability import check_pair, load_prompts
 
     hf_logging.disable_progress_bar()
     default_draft, default_target = (None, None) if args.draft and args.target else default_pair()
@@ -214,7 +214,7 @@ def cmd_check(args) -> None:
         prompts = load_prompts(args.prompts)[:args.limit]
         report = check_pair(draft, target, prompts, max_new_tokens=args.max_new_tokens, max_gamma=args.max_gamma,
                             threads=args.threads)
-    except (PairMismatch, ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # PairMismatch is a ValueError
         raise SystemExit(f"tandem check: {e}") from None
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.summary())
     if report.verdict.startswith("unsuitable"):

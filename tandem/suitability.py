@@ -21,6 +21,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from orchestrator.policy import analytic_speedup, best_gamma
+from services.runtime import eos_token_ids
 
 COST_RULE = 0.15  # draft/target cost per token, the usual ceiling for a useful draft
 SUITABLE_SPEEDUP = 1.3
@@ -131,13 +132,13 @@ def cost_per_token_ms(models: list, context: list[int], rounds: int = 7, steps: 
 
 
 @torch.inference_mode()
-def greedy_continuation(model, prompt: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+def greedy_continuation(model, prompt: list[int], max_new_tokens: int, eos: tuple[int, ...]) -> list[int]:
     cache = DynamicCache(config=model.config)
     ids, out = torch.tensor([prompt]), []
     for _ in range(max_new_tokens):
         token = int(model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax())
         out.append(token)
-        if token == eos:
+        if token in eos:
             break
         ids = torch.tensor([[token]])
     return out
@@ -180,11 +181,10 @@ def check_pair(draft_dir: str, target_dir: str, prompts: list[str] | list[list[i
             if tokenizer is None:
                 raise ValueError("text prompts need a tokenizer, and neither model directory has one")
             prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        eos = target.generation_config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) else eos
-        agree, mass, positions = 0, 0.0, 0
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
+        eos = eos_token_ids(target.generation_config) or eos_token_ids(target.config)
+        agree, mass, positions = 0, 0.0, 0
         for prompt in prompts:
             a, m, n = acceptance(draft, target, prompt, greedy_continuation(target, prompt, max_new_tokens, eos))
             agree, mass, positions = agree + a, mass + m, positions + n

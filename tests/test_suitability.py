@@ -57,7 +57,7 @@ def test_cli_rejects_mismatched_pair_naming_both_sizes(pair, other_vocab, prompt
 
 def test_greedy_continuation_matches_hf_generate(pair, target_model):
     for prompt in pair["prompts"][:4]:
-        ours = greedy_continuation(target_model, prompt, 12, pair["eos"])
+        ours = greedy_continuation(target_model, prompt, 12, (pair["eos"],))
         hf = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12,
                                    eos_token_id=pair["eos"], pad_token_id=0)[0, len(prompt):].tolist()
         assert ours == hf
@@ -66,7 +66,7 @@ def test_greedy_continuation_matches_hf_generate(pair, target_model):
 def test_acceptance_against_float64_reference(pair, target_model):
     draft = AutoModelForCausalLM.from_pretrained(pair["draft"]).eval()
     prompt = pair["prompts"][0]
-    continuation = greedy_continuation(target_model, prompt, 16, None)
+    continuation = greedy_continuation(target_model, prompt, 16, ())
     agree, mass, n = acceptance(draft, target_model, prompt, continuation)
     want_agree, want_mass = 0, 0.0
     with torch.no_grad():
@@ -82,12 +82,12 @@ def test_acceptance_against_float64_reference(pair, target_model):
     assert 0 < agree < n  # a noisy copy: agrees often, not always
 
 
-def test_identical_draft_accepts_everything(pair):
+def test_identical_draft_accepts_everything(pair, target_model):
     report = check_pair(pair["target"], pair["target"], pair["prompts"][:2], max_new_tokens=8)
     assert report.greedy_agreement == 1.0
     assert report.sampled_acceptance == pytest.approx(1.0)
-    assert report.positions == sum(len(greedy_continuation(AutoModelForCausalLM.from_pretrained(pair["target"]), p, 8,
-                                                           pair["eos"])) for p in pair["prompts"][:2])
+    assert report.positions == sum(len(greedy_continuation(target_model, p, 8, (pair["eos"],)))
+                                   for p in pair["prompts"][:2])
     assert any("costs" in p for p in report.problems)  # the same model costs as much as itself
     assert not report.verdict.startswith("suitable")
 
