@@ -1,7 +1,9 @@
-"""Persistent grpc.aio clients of the workers. Each call returns the decoded answer (None on
-a cache miss) and its wall time, so the loop can tell transport from compute."""
+"""Persistent grpc.aio clients of the workers. Each call returns a `Reply`: the decoded answer
+(None on a cache miss), its wall time, so the loop can tell transport from compute, and the
+protobuf bytes it moved."""
 
 import time
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -14,6 +16,12 @@ _OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 30_000),
 ]
+
+
+class Reply(NamedTuple):
+    answer: Any  # codec.Proposal / codec.Verification, None on a cache miss
+    wall_ms: float
+    wire_bytes: int  # request plus response payload
 
 
 class _WorkerClient:
@@ -42,11 +50,12 @@ class DraftClient(_WorkerClient):
 
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams
-    ) -> tuple[codec.Proposal | None, float]:
+    ) -> Reply:
         start = time.perf_counter()
         request = codec.propose_request(session_id, cache_len, tokens, gamma, params)
         msg = await self.stub.Propose(request, timeout=self.timeout_s)
-        return codec.proposal_from_pb(msg), (time.perf_counter() - start) * 1e3
+        return Reply(codec.proposal_from_pb(msg), (time.perf_counter() - start) * 1e3,
+                     request.ByteSize() + msg.ByteSize())
 
 
 class VerifierClient(_WorkerClient):
@@ -55,8 +64,9 @@ class VerifierClient(_WorkerClient):
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: codec.Proposal | None,
         params: SamplingParams,
-    ) -> tuple[codec.Verification | None, float]:
+    ) -> Reply:
         start = time.perf_counter()
         request = codec.verify_request(session_id, cache_len, tokens, proposal, params)
         msg = await self.stub.Verify(request, timeout=self.timeout_s)
-        return codec.verification_from_pb(msg), (time.perf_counter() - start) * 1e3
+        return Reply(codec.verification_from_pb(msg), (time.perf_counter() - start) * 1e3,
+                     request.ByteSize() + msg.ByteSize())

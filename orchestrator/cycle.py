@@ -6,10 +6,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from orchestrator.clients import DraftClient, VerifierClient
+from orchestrator.clients import DraftClient, Reply, VerifierClient
 from orchestrator.policy import CycleCosts, GammaPolicy
 from orchestrator.store import SessionStore
-from tandem.codec import Stats
+from tandem.codec import CycleStats, Stats
 from tandem.rng import Purpose, uniforms
 from tandem.sampling import SamplingParams, count_accepted, output_tokens
 
@@ -29,6 +29,7 @@ class Session:
     draft_cache_len: int = 0  # committed tokens each worker is believed to hold
     target_cache_len: int = 0
     finish_reason: str = ""
+    started: float = 0.0  # perf_counter() when the generation began
     stats: Stats = field(default_factory=Stats)
 
     @property
@@ -53,12 +54,12 @@ class SpeculativeLoop:
         self.eos = set(eos_token_ids)
 
     async def run(self, s: Session) -> AsyncIterator[CycleOutput]:
-        start = time.perf_counter()
+        s.started = time.perf_counter()
         while not s.finish_reason:
             out = await self.cycle(s)
             if s.stats.ttft_s == 0.0:
-                s.stats.ttft_s = time.perf_counter() - start
-            s.stats.elapsed_s = time.perf_counter() - start
+                s.stats.ttft_s = time.perf_counter() - s.started
+            s.stats.elapsed_s = time.perf_counter() - s.started
             yield out
 
     async def cycle(self, s: Session) -> CycleOutput:
@@ -68,11 +69,11 @@ class SpeculativeLoop:
         wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
         gamma = max(0, min(wanted, remaining - 1))
         # 2. Draft γ tokens, sending the draft worker the committed tokens it has not seen.
-        proposal, draft_wall = None, 0.0
-        if gamma:
-            proposal, draft_wall = await self._propose(s, gamma)
+        draft = await self._propose(s, gamma) if gamma else None
+        proposal = draft.answer if draft else None
         # 3. Verify the block in one target pass.
-        verdict, verify_wall = await self._verify(s, proposal)
+        verify = await self._verify(s, proposal)
+        verdict = verify.answer
         # 4. Accept/reject with counter-based uniforms keyed by absolute position.
         position = len(s.tokens)
         accepted = 0
@@ -94,28 +95,28 @@ class SpeculativeLoop:
         )
         redis_ms = (time.perf_counter() - redis_start) * 1e3
         # 6. Account the cycle and teach the policy what it measured.
-        costs = self._costs(proposal, verdict, gamma, accepted, draft_wall, verify_wall, redis_ms, began)
-        s.policy.observe(costs)
-        self._count(s.stats, costs, gamma, accepted, redis_ms)
+        record = _measure(s, began, gamma, accepted, len(new), draft, verify, redis_ms)
+        s.policy.observe(_costs(record, draft, verify))
+        _count(s.stats, record)
         return CycleOutput(new, bool(s.finish_reason))
 
-    async def _propose(self, s: Session, gamma: int):
-        proposal, wall = await self.draft.propose(
+    async def _propose(self, s: Session, gamma: int) -> Reply:
+        reply = await self.draft.propose(
             s.session_id, s.draft_cache_len, s.tokens[s.draft_cache_len :], gamma, s.params
         )
-        if proposal is None:  # the worker lost the session: re-prefill the whole sequence
+        if reply.answer is None:  # the worker lost the session: re-prefill the whole sequence
             s.draft_cache_len = 0
-            proposal, wall = await self.draft.propose(s.session_id, 0, s.tokens, gamma, s.params)
-        return proposal, wall
+            reply = _then(reply, await self.draft.propose(s.session_id, 0, s.tokens, gamma, s.params))
+        return reply
 
-    async def _verify(self, s: Session, proposal):
-        verdict, wall = await self.target.verify(
+    async def _verify(self, s: Session, proposal) -> Reply:
+        reply = await self.target.verify(
             s.session_id, s.target_cache_len, s.tokens[s.target_cache_len :], proposal, s.params
         )
-        if verdict is None:
+        if reply.answer is None:
             s.target_cache_len = 0
-            verdict, wall = await self.target.verify(s.session_id, 0, s.tokens, proposal, s.params)
-        return verdict, wall
+            reply = _then(reply, await self.target.verify(s.session_id, 0, s.tokens, proposal, s.params))
+        return reply
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:
         for i, token in enumerate(new):
@@ -126,28 +127,49 @@ class SpeculativeLoop:
             s.finish_reason = "length"
         return new[:remaining]
 
-    @staticmethod
-    def _costs(proposal, verdict, gamma, accepted, draft_wall, verify_wall, redis_ms, began):
-        draft_compute = proposal.compute_ms if proposal else 0.0
-        total = (time.perf_counter() - began) * 1e3
-        return CycleCosts(
-            gamma=gamma, accepted=accepted,
-            draft_compute_ms=draft_compute,
-            draft_transport_ms=max(0.0, draft_wall - draft_compute),
-            verify_compute_ms=verdict.compute_ms,
-            verify_transport_ms=max(0.0, verify_wall - verdict.compute_ms),
-            overhead_ms=max(0.0, total - draft_wall - verify_wall),
-        )
 
-    @staticmethod
-    def _count(stats: Stats, c: CycleCosts, gamma: int, accepted: int, redis_ms: float) -> None:
-        stats.cycles += 1
-        stats.gammas.append(gamma)
-        stats.drafted_tokens += gamma
-        stats.accepted_tokens += accepted
-        stats.verified_tokens += min(accepted + 1, gamma)
-        stats.draft_ms += c.draft_compute_ms
-        stats.verify_ms += c.verify_compute_ms
-        stats.transport_ms += c.draft_transport_ms + c.verify_transport_ms
-        stats.redis_ms += redis_ms
-        stats.orchestration_ms += c.overhead_ms - redis_ms
+def _then(miss: Reply, retry: Reply) -> Reply:
+    """A cache miss and its re-prefill, counted as one call."""
+    return Reply(retry.answer, miss.wall_ms + retry.wall_ms, miss.wire_bytes + retry.wire_bytes)
+
+
+def _measure(s: Session, began: float, gamma: int, accepted: int, output: int, draft: Reply | None,
+             verify: Reply, redis_ms: float) -> CycleStats:
+    now = time.perf_counter()
+    draft_compute = draft.answer.compute_ms if draft else 0.0
+    draft_wall = draft.wall_ms if draft else 0.0
+    verify_compute = verify.answer.compute_ms
+    total = (now - began) * 1e3
+    return CycleStats(
+        gamma=gamma, accepted=accepted, output_tokens=output, start_ms=(began - s.started) * 1e3,
+        draft_ms=draft_compute, verify_ms=verify_compute,
+        transport_ms=max(0.0, draft_wall - draft_compute) + max(0.0, verify.wall_ms - verify_compute),
+        redis_ms=redis_ms,
+        orchestration_ms=max(0.0, total - draft_wall - verify.wall_ms - redis_ms),
+        wire_bytes=(draft.wire_bytes if draft else 0) + verify.wire_bytes,
+    )
+
+
+def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
+    """What the γ policy learns from a cycle: transports per worker, overhead together."""
+    return CycleCosts(
+        gamma=c.gamma, accepted=c.accepted,
+        draft_compute_ms=c.draft_ms,
+        draft_transport_ms=max(0.0, draft.wall_ms - c.draft_ms) if draft else 0.0,
+        verify_compute_ms=c.verify_ms,
+        verify_transport_ms=max(0.0, verify.wall_ms - c.verify_ms),
+        overhead_ms=c.redis_ms + c.orchestration_ms,
+    )
+
+
+def _count(stats: Stats, c: CycleStats) -> None:
+    stats.cycles += 1
+    stats.drafted_tokens += c.gamma
+    stats.accepted_tokens += c.accepted
+    stats.verified_tokens += min(c.accepted + 1, c.gamma)
+    stats.draft_ms += c.draft_ms
+    stats.verify_ms += c.verify_ms
+    stats.transport_ms += c.transport_ms
+    stats.redis_ms += c.redis_ms
+    stats.orchestration_ms += c.orchestration_ms
+    stats.per_cycle.append(c)

@@ -4,7 +4,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -34,36 +33,6 @@ def cmd_worker(args) -> None:
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads)
 
 
-def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str) -> tuple[subprocess.Popen, str]:
-    """Start `tandem worker` as a child process; return it and the address it listens on."""
-    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", "0",
-           "--threads", str(threads), "--device", device, "--dtype", dtype]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    for line in proc.stdout:
-        if "listening on" in line:
-            print(line.rstrip(), flush=True)
-            address = line.split("listening on ")[1].split()[0]
-            threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
-            return proc, address
-    raise RuntimeError(f"{kind} worker exited with {proc.wait()} before listening")
-
-
-def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
-    """SIGTERM them all, then wait; kill what outlives the timeout."""
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _drain(stream) -> None:
-    for line in stream:
-        print(line.rstrip(), flush=True)
-
-
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
 
@@ -75,39 +44,20 @@ def _wait_for_signal() -> None:
 
 
 def cmd_up(args) -> None:
-    from orchestrator.app import start_ingress, stop_ingress
-    from orchestrator.config import OrchestratorConfig
-    from orchestrator.redis_server import EmbeddedRedis
+    from tandem.local import LocalCluster
 
     draft_model, target_model = args.draft_model, args.target_model
     if not (draft_model and target_model):
         default_draft, default_target = default_pair()
         draft_model, target_model = draft_model or default_draft, target_model or default_target
-    redis_server, workers = None, []
-    try:
-        redis_url = os.environ.get("REDIS_URL")
-        if not redis_url:
-            redis_server = EmbeddedRedis()
-            redis_url = redis_server.url
-            print(f"redis (embedded) listening on {redis_url}", flush=True)
-        threads = args.threads or max(1, (os.cpu_count() or 2) // 2)
-        for kind, model in (("draft", draft_model), ("target", target_model)):
-            workers.append(spawn_worker(kind, model, args.host, threads, args.device, args.dtype))
-        config = OrchestratorConfig(
-            draft_address=workers[0][1], target_address=workers[1][1], redis_url=redis_url,
-            tokenizer=target_model if (Path(target_model) / "tokenizer_config.json").exists() else None,
-            max_gamma=args.max_gamma,
-        )
-        start_ingress(config, args.grpc_port, host=args.host)
-        print(f"tandem is up: gRPC ingress on {args.host}:{args.grpc_port} (application '{config.app_name}'); "
-              f"try: tandem generate --address {args.host}:{args.grpc_port} \"def fib(n):\"", flush=True)
+    cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
+                           device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
+                           redis_url=os.environ.get("REDIS_URL"))
+    with cluster:
+        print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
+              f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)
         _wait_for_signal()
         print("stopping tandem ...", flush=True)
-        stop_ingress()
-    finally:
-        stop_processes([proc for proc, _ in workers])
-        if redis_server:
-            redis_server.stop()
     print("tandem stopped", flush=True)
 
 
@@ -221,6 +171,60 @@ def cmd_check(args) -> None:
         sys.exit(1)
 
 
+# --- tandem bench ----------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    """"0-8" or "1,2,4,8" → a list of ints."""
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(t) for t in text.split(",") if t]
+
+
+def cmd_bench(args) -> None:
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "tqdm") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"tandem bench needs {' and '.join(missing)}: pip install 'tandem[bench]'")
+    from tandem.bench import BenchConfig, run_bench
+    from tandem.local import LocalCluster
+    from tandem.suitability import load_prompts
+
+    draft, target = args.draft_model, args.target_model
+    if not (draft and target):
+        default_draft, default_target = default_pair()
+        draft, target = draft or default_draft, target or default_target
+    try:
+        gammas, concurrency = _ints(args.gammas), _ints(args.concurrency)
+    except ValueError:
+        raise SystemExit("tandem bench: --gammas and --concurrency take '0-8' or '1,2,4'") from None
+    workloads = args.workloads.split(",")
+    if not set(workloads) <= {"greedy", "sampled"} or not gammas or min(gammas) < 0 or min(concurrency, default=1) < 1:
+        raise SystemExit("tandem bench: --workloads is greedy,sampled; gammas >= 0; concurrency >= 1")
+    try:
+        prompts = load_prompts(args.prompts)[:args.limit]
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"tandem bench: {e}") from None
+    config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
+                         adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
+                         concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed)
+    if args.address:
+        results = run_bench(config, args.address, args.out)
+    else:
+        from orchestrator.redis_server import free_port
+
+        cluster = LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads,
+                               max_gamma=max(8, *gammas), echo=False)
+        with cluster:
+            pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
+            results = run_bench(config, cluster.address, args.out, pids)
+    print((Path(args.out) / "bench.md").read_text())
+    print(f"results in {args.out}/: bench.json, bench.md, runs.jsonl, *.png "
+          f"({results['duration_s'] / 60:.1f} min)", file=sys.stderr)
+
+
 # --- argument parsing ------------------------------------------------------------------------
 
 
@@ -285,6 +289,25 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1, as a worker)")
     check.add_argument("--json", action="store_true")
     check.set_defaults(func=cmd_check)
+
+    bench = sub.add_parser("bench", help="benchmark the cluster against HF generate, target alone and assisted")
+    bench.add_argument("--draft-model", help="draft model directory (default: the shipped pair)")
+    bench.add_argument("--target-model", help="target model directory (default: the shipped pair)")
+    bench.add_argument("--prompts", default=str(HELDOUT_PROMPTS), help="JSON lines or '---'-separated text "
+                       "(default: held-out third-party code)")
+    bench.add_argument("--limit", type=int, default=16, help="use at most this many prompts")
+    bench.add_argument("--max-tokens", type=int, default=64)
+    bench.add_argument("--gammas", default="0-8", help="fixed-gamma modes, '0-8' or '0,2,4' (0: target alone)")
+    bench.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-gamma mode")
+    bench.add_argument("--workloads", default="greedy,sampled", help="greedy (T=0), sampled (T=1)")
+    bench.add_argument("--concurrency", default="1,2,4,8", help="sessions in flight ('' to skip)")
+    bench.add_argument("--concurrency-sessions", type=int, default=16, help="sessions per concurrency level")
+    bench.add_argument("--threads", type=int, default=1, help="torch threads per worker and for the HF baselines")
+    bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")
+    bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", default=str(PROJECT_ROOT / "benchmarks" / "results"))
+    bench.set_defaults(func=cmd_bench)
 
     plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup")
     plan.add_argument("--alpha", type=float, required=True, help="acceptance rate in [0, 1]")

@@ -32,7 +32,6 @@ class GenerationStats:
     accepted_tokens: int
     verified_tokens: int
     generated_tokens: int
-    gammas: list[int]
     elapsed_s: float
     ttft_s: float
     draft_ms: float
@@ -40,6 +39,11 @@ class GenerationStats:
     transport_ms: float
     redis_ms: float
     orchestration_ms: float
+    per_cycle: list[codec.CycleStats]  # every cycle: γ, accepted, output tokens, time split, bytes
+
+    @property
+    def gammas(self) -> list[int]:
+        return [c.gamma for c in self.per_cycle]
 
     @property
     def acceptance_rate(self) -> float:
@@ -60,8 +64,8 @@ class GenerationStats:
     @classmethod
     def from_stats(cls, s: codec.Stats, generated: int) -> "GenerationStats":
         return cls(s.cycles, s.drafted_tokens, s.accepted_tokens, s.verified_tokens, generated,
-                   list(s.gammas), s.elapsed_s, s.ttft_s, s.draft_ms, s.verify_ms, s.transport_ms,
-                   s.redis_ms, s.orchestration_ms)
+                   s.elapsed_s, s.ttft_s, s.draft_ms, s.verify_ms, s.transport_ms, s.redis_ms,
+                   s.orchestration_ms, list(s.per_cycle))
 
     def summary(self) -> str:
         return (f"{self.generated_tokens} tokens in {self.elapsed_s:.2f} s "

@@ -220,6 +220,22 @@ def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> Generatio
 
 
 @dataclass
+class CycleStats:
+    """One draft-verify cycle (CycleStats on the wire); times in milliseconds."""
+
+    gamma: int = 0
+    accepted: int = 0
+    output_tokens: int = 0
+    start_ms: float = 0.0  # since the generation began
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    transport_ms: float = 0.0
+    redis_ms: float = 0.0
+    orchestration_ms: float = 0.0
+    wire_bytes: int = 0
+
+
+@dataclass
 class Stats:
     """Counters and timings of one generation (GenerationStats on the wire)."""
 
@@ -227,7 +243,6 @@ class Stats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     verified_tokens: int = 0
-    gammas: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
@@ -235,14 +250,18 @@ class Stats:
     redis_ms: float = 0.0
     orchestration_ms: float = 0.0
     ttft_s: float = 0.0
+    per_cycle: list[CycleStats] = field(default_factory=list)
 
 
 def stats_to_pb(stats: Stats) -> generation_pb2.GenerationStats:
-    return generation_pb2.GenerationStats(**vars(stats))
+    per_cycle = [generation_pb2.CycleStats(**vars(c)) for c in stats.per_cycle]
+    return generation_pb2.GenerationStats(**(vars(stats) | {"per_cycle": per_cycle}))
 
 
 def stats_from_pb(msg: generation_pb2.GenerationStats) -> Stats:
-    return Stats(**{f: getattr(msg, f) for f in vars(Stats())} | {"gammas": list(msg.gammas)})
+    per_cycle = [CycleStats(**{f: getattr(c, f) for f in vars(CycleStats())}) for c in msg.per_cycle]
+    totals = {f: getattr(msg, f) for f in vars(Stats()) if f != "per_cycle"}
+    return Stats(**totals, per_cycle=per_cycle)
 
 
 @dataclass

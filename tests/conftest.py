@@ -69,10 +69,10 @@ def redis_url():
 @pytest.fixture(scope="session")
 def workers(pair):
     """A draft worker and a target verifier as real processes (`tandem worker`)."""
-    from tandem.cli import spawn_worker, stop_processes
+    from tandem.local import spawn_worker, stop_processes
 
     procs = [spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32") for kind in ("draft", "target")]
-    yield {"draft": procs[0][1], "target": procs[1][1]}
+    yield {"draft": procs[0][1], "target": procs[1][1], "pids": {"draft": procs[0][0].pid, "target": procs[1][0].pid}}
     stop_processes([proc for proc, _ in procs])
 
 

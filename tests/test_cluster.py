@@ -56,6 +56,20 @@ def test_speculation_happens(client, pair):
     assert s.mean_acceptance_length == pytest.approx(len(result.token_ids) / s.cycles)
 
 
+def test_per_cycle_stats_add_up_to_the_totals(client, pair):
+    result = client.generate(prompt_token_ids=pair["prompts"][2], max_tokens=MAX_TOKENS, temperature=0, gamma=3)
+    s, cycles = result.stats, result.stats.per_cycle
+    assert len(cycles) == s.cycles and s.gammas == [c.gamma for c in cycles]
+    assert sum(c.accepted for c in cycles) == s.accepted_tokens
+    assert sum(c.output_tokens for c in cycles) == len(result.token_ids)
+    assert all(c.accepted <= c.gamma and 1 <= c.output_tokens <= c.accepted + 1 for c in cycles)
+    for part in ("draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms"):
+        assert sum(getattr(c, part) for c in cycles) == pytest.approx(getattr(s, part))
+    starts = [c.start_ms for c in cycles]
+    assert starts == sorted(starts) and starts[-1] < s.elapsed_s * 1e3
+    assert all(c.wire_bytes > 0 and c.verify_ms > 0 for c in cycles)
+
+
 def test_stream_matches_unary_and_ends_with_stats(client, pair):
     prompt = pair["prompts"][1]
     unary = client.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, gamma=2)

@@ -67,7 +67,7 @@ def test_results_describe_the_shipped_draft():
 @pytest.fixture(scope="module")
 def shipped_workers():
     """The shipped pair served by real `tandem worker` processes."""
-    from tandem.cli import spawn_worker, stop_processes
+    from tandem.local import spawn_worker, stop_processes
 
     procs = [spawn_worker(kind, str(MODELS / kind), "127.0.0.1", 1, "cpu", "float32") for kind in ("draft", "target")]
     yield {"draft": procs[0][1], "target": procs[1][1]}

@@ -1,0 +1,185 @@
+"""bench.md and the PNG plots, from the results dict (and the raw runs for the timeline)."""
+
+from pathlib import Path
+
+from tandem.bench.runs import Run
+
+LABELS = {"hf_target": "HF target alone", "hf_assisted": "HF assisted"}
+
+
+def label(mode: str) -> str:
+    if mode in LABELS:
+        return LABELS[mode]
+    return "tandem adaptive γ" if mode == "adaptive" else f"tandem γ={mode.removeprefix('gamma_')}"
+
+
+def _x(value, digits: int = 2, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _spread(s: dict, digits: int = 2, suffix: str = "") -> str:
+    if not s or s.get("median") is None:
+        return "–"
+    return f"{s['median']:.{digits}f}{suffix} ({s['p25']:.{digits}f}–{s['p75']:.{digits}f})"
+
+
+def _speed_table(rows: dict) -> list[str]:
+    lines = ["| mode | tokens/s | × HF target | × HF assisted | × tandem γ=0 (realized) | analytic | realized / analytic "
+             "| α | mean acceptance length | draft efficiency | TTFT p50 ms | ITL p50 / p90 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in rows.items():
+        itl = r["itl_ms"]
+        lines.append(
+            f"| {label(mode)} | {_spread(r['tokens_per_s'], 1)} | {_spread(r['speedup_vs_hf_target'])} "
+            f"| {_spread(r['speedup_vs_hf_assisted'])} | {_spread(r.get('speedup_vs_gamma_0', {}))} "
+            f"| {_x(r.get('analytic_speedup'))} | {_x(r.get('realized_over_analytic'))} "
+            f"| {_x(r.get('acceptance_rate'))} | {_x(r.get('mean_acceptance_length'))} "
+            f"| {_x(r.get('draft_efficiency'))} | {_x(r['ttft_ms']['p50'], 1)} "
+            f"| {_x(itl['p50'], 1)} / {_x(itl['p90'], 1)} / {_x(itl['p99'], 1)} |")
+    return lines
+
+
+def _cycle_table(rows: dict) -> list[str]:
+    lines = ["| mode | mean γ | draft ms | verify ms | transport ms | Redis ms | orchestration ms | cycle ms "
+             "| orchestration share | transport+Redis+orchestration share | wire bytes / cycle |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode, r in rows.items():
+        c = r.get("cycle")
+        if not c:
+            continue
+        lines.append(
+            f"| {label(mode)} | {_x(r.get('mean_gamma'))} | {_x(c['draft_ms'])} | {_x(c['verify_ms'])} "
+            f"| {_x(c['transport_ms'])} | {_x(c['redis_ms'])} | {_x(c['orchestration_ms'])} | {_x(c['total_ms'])} "
+            f"| {_x(100 * c['orchestration_share'], 1, '%')} | {_x(100 * c['overhead_share'], 1, '%')} "
+            f"| {c['wire_bytes_per_cycle']:.0f} |")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    cfg, m = results["config"], results["machine"]
+    lines = [
+        "# tandem bench",
+        "",
+        f"{results['started']}, {results['duration_s'] / 60:.1f} min on {m['cpu']} ({m['cores']} cores"
+        f"{', ' + m['gpu'] if m['gpu'] else ', no GPU'}), Python {m['python']}, torch {m['torch']}. "
+        f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, draft `{cfg['draft_model']}`, "
+        f"target `{cfg['target_model']}`, {cfg['threads']} torch thread(s) per model.",
+        "",
+        "Speedups are per prompt against the same prompt's baseline run, median (interquartile range).",
+    ]
+    for workload, rows in results["workloads"].items():
+        lines += ["", f"## {workload} ({'T=0' if workload == 'greedy' else 'T=1'})", "", *_speed_table(rows), "",
+                  "Per-cycle time split (means per cycle):", "", *_cycle_table(rows)]
+    identity = results["greedy_identical_to_target"]
+    if identity:
+        lines += ["", "## Exactness", "", "Greedy runs token-identical to HF's target alone: "
+                  + ", ".join(f"{label(k)} {v['identical']}/{v['runs']}" for k, v in identity.items()) + "."]
+    if results["concurrency"]:
+        lines += ["", "## Concurrency (greedy)", "", "| mode | sessions in flight | aggregate tokens/s | latency p50 / p90 ms "
+                  "| TTFT p50 ms | per-session tokens/s |", "|---|---|---|---|---|---|"]
+        for mode, levels in results["concurrency"].items():
+            for c in levels:
+                lines.append(f"| {label(mode)} | {c['in_flight']} | {c['aggregate_tokens_per_s']:.1f} "
+                             f"| {c['latency_ms']['p50']:.0f} / {c['latency_ms']['p90']:.0f} "
+                             f"| {c['ttft_ms']['p50']:.0f} | {_spread(c['per_session_tokens_per_s'], 1)} |")
+    lines += ["", "## Peak memory (VmHWM)", "", "| process | MiB |", "|---|---|"]
+    lines += [f"| {k} | {_x(v, 0)} |" for k, v in results["peak_memory_mb"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, runs: list[Run], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _speedup_vs_gamma(plt, results, out / "speedup_vs_gamma.png")
+    _acceptance_by_position(plt, results, out / "acceptance_by_position.png")
+    _timeline(plt, runs, out / "cycle_timeline.png")
+    _concurrency(plt, results, out / "throughput_vs_concurrency.png")
+
+
+def _speedup_vs_gamma(plt, results, path):
+    workloads = results["workloads"]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.2), squeeze=False)
+    for ax, (workload, rows) in zip(axes[0], workloads.items()):
+        fixed = sorted((int(m.removeprefix("gamma_")), r) for m, r in rows.items() if m.startswith("gamma_"))
+        gammas = [g for g, _ in fixed]
+        med = [r["speedup_vs_hf_target"]["median"] for _, r in fixed]
+        err = [[m - r["speedup_vs_hf_target"]["p25"] for m, (_, r) in zip(med, fixed)],
+               [r["speedup_vs_hf_target"]["p75"] - m for m, (_, r) in zip(med, fixed)]]
+        ax.errorbar(gammas, med, yerr=err, marker="o", capsize=3, label="tandem, fixed γ (median, IQR)")
+        base = rows.get("gamma_0", {}).get("speedup_vs_hf_target", {}).get("median")
+        if base:  # the analytic bound is relative to tandem γ=0: put it on the same scale
+            ax.plot(gammas, [(r.get("analytic_speedup") or 0) * base for _, r in fixed], "k--",
+                    label="analytic S(α, γ, measured costs)")
+        for mode, style in (("adaptive", "C2"), ("hf_assisted", "C3")):
+            if mode in rows:
+                ax.axhline(rows[mode]["speedup_vs_hf_target"]["median"], color=style, linestyle=":",
+                           label=label(mode))
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set(title=workload, xlabel="γ (tokens drafted per cycle)", ylabel="speedup over HF target alone")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _acceptance_by_position(plt, results, path):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for workload, rows in results["workloads"].items():
+        for mode in ("gamma_8", "adaptive"):
+            probs = rows.get(mode, {}).get("acceptance_by_position")
+            if probs:
+                pos = [i + 1 for i, p in enumerate(probs) if p is not None]
+                ax.plot(pos, [p for p in probs if p is not None], marker="o", label=f"{workload}, {label(mode)}")
+    ax.set(xlabel="position in the drafted block", ylabel="P(accepted | position reached)", ylim=(0, 1),
+           title="acceptance by position in the block")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _timeline(plt, runs, path):
+    run = next((r for r in runs if r.mode == "adaptive" and r.workload == "greedy" and r.stats), None)
+    run = run or next((r for r in runs if r.stats), None)
+    if run is None:
+        return
+    parts = [("transport_ms", "transport", "C7"), ("draft_ms", "draft", "C0"), ("verify_ms", "verify", "C1"),
+             ("redis_ms", "Redis", "C3"), ("orchestration_ms", "orchestration", "C2")]
+    cycles = run.stats["per_cycle"]
+    fig, ax = plt.subplots(figsize=(10, 0.22 * len(cycles) + 1.5))
+    for i, c in enumerate(cycles):
+        x = c["start_ms"]
+        for key, name, color in parts:
+            ax.broken_barh([(x, c[key])], (i - 0.4, 0.8), color=color, label=name if i == 0 else None)
+            x += c[key]
+        ax.text(x + 0.3, i, f"γ={c['gamma']} +{c['output_tokens']}", va="center", fontsize=6)
+    ax.invert_yaxis()
+    ax.set(xlabel="ms since the request", ylabel="cycle",
+           title=f"one generation ({label(run.mode)}, {run.workload}, prompt {run.prompt}): "
+                 "time split per cycle (parts drawn in sequence)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _concurrency(plt, results, path):
+    if not results["concurrency"]:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, levels in results["concurrency"].items():
+        x = [c["in_flight"] for c in levels]
+        ax1.plot(x, [c["aggregate_tokens_per_s"] for c in levels], marker="o", label=label(mode))
+        ax2.plot(x, [c["latency_ms"]["p50"] for c in levels], marker="o", label=f"{label(mode)} p50")
+        ax2.plot(x, [c["latency_ms"]["p90"] for c in levels], marker="x", linestyle="--", label=f"{label(mode)} p90")
+    ax1.set(xlabel="sessions in flight", ylabel="aggregate tokens/s", title="throughput vs concurrency (greedy)")
+    ax2.set(xlabel="sessions in flight", ylabel="per-session latency, ms", title="latency vs concurrency")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

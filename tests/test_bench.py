@@ -1,0 +1,80 @@
+"""The benchmark harness: its statistics on hand-made runs, and a smoke run of `run_bench`
+against the real cluster with the tiny random pair (a few tokens; no timing is asserted)."""
+
+import json
+
+import pytest
+
+from orchestrator.policy import expected_tokens
+from tandem.bench import BenchConfig, run_bench, summary
+from tandem.bench.runs import Run
+
+
+def cycle(gamma, accepted, output, draft=1.0, verify=4.0):
+    return {"gamma": gamma, "accepted": accepted, "output_tokens": output, "start_ms": 0.0, "draft_ms": draft,
+            "verify_ms": verify, "transport_ms": 0.5, "redis_ms": 0.3, "orchestration_ms": 0.2, "wire_bytes": 100}
+
+
+def run(mode, prompt, tokens, wall_s, cycles=None, sizes=None):
+    sizes = sizes or [1] * tokens
+    arrivals = [wall_s * (i + 1) / len(sizes) for i in range(len(sizes))]
+    stats = {"per_cycle": cycles} if cycles is not None else None
+    return Run(mode, "greedy", prompt, list(range(tokens)), wall_s, arrivals, sizes, stats)
+
+
+def test_inter_token_gaps_are_zero_inside_a_burst():
+    r = Run("gamma_3", "greedy", 0, [1, 2, 3, 4], 0.3, [0.1, 0.3], [3, 1])
+    assert r.ttft_s == 0.1
+    assert r.gaps_s == pytest.approx([0.0, 0.0, 0.2])
+    assert r.tokens_per_s == pytest.approx(4 / 0.3)
+
+
+def test_acceptance_counts_verified_tokens_and_positions_reached():
+    runs = [run("gamma_3", 0, 6, 1.0, [cycle(3, 3, 4), cycle(3, 1, 2)])]
+    acc = summary.acceptance(runs)
+    assert acc["acceptance_rate"] == pytest.approx(4 / 5)  # the rejected token was verified, not the one after
+    assert acc["draft_efficiency"] == pytest.approx(4 / 6)
+    assert acc["mean_acceptance_length"] == pytest.approx(3.0)
+    # Position 1: reached twice, accepted twice; position 2: reached twice, accepted once;
+    # position 3: reached once (the rejection at 2 ends the second block), accepted once.
+    assert summary.acceptance_by_position(runs, 4) == [1.0, 0.5, 1.0, None]
+
+
+def test_analytic_bound_is_expected_tokens_over_compute_in_target_token_units():
+    target_alone = [run("gamma_0", 0, 2, 1.0, [cycle(0, 0, 1, 0.0, 5.0), cycle(0, 0, 1, 0.0, 5.0)])]
+    assert summary.target_token_ms(target_alone) == 5.0
+    spec = [run("gamma_2", 0, 3, 1.0, [cycle(2, 2, 3, 2.0, 6.0)])]
+    assert summary.analytic_bound(spec, 0.5, 5.0) == pytest.approx(expected_tokens(0.5, 2) * 5.0 / 8.0)
+    assert summary.analytic_bound(target_alone, None, 5.0) == pytest.approx(1.0)
+
+
+def test_speedups_pair_runs_by_prompt():
+    base = [run("hf_target", 0, 10, 1.0), run("hf_target", 1, 10, 2.0)]
+    fast = [run("gamma_2", 0, 10, 0.5, []), run("gamma_2", 1, 10, 0.5, [])]
+    assert summary.paired_speedup(fast, base) == {"median": 3.0, "p25": 2.5, "p75": 3.5}
+
+
+@pytest.mark.cluster
+def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
+    config = BenchConfig(pair["draft"], pair["target"], ["def f(x):", "import os\nclass A:"], max_tokens=6,
+                         gammas=[0, 2], concurrency=[1, 2], concurrency_sessions=2, progress=False)
+    results = run_bench(config, cluster["address"], tmp_path, workers["pids"])
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"bench.json", "bench.md", "runs.jsonl", "speedup_vs_gamma.png", "acceptance_by_position.png",
+            "cycle_timeline.png", "throughput_vs_concurrency.png"} <= names
+    assert json.loads((tmp_path / "bench.json").read_text())["config"]["gammas"] == [0, 2]
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 2 * 2 * 5  # prompts × workloads × modes
+    for workload in ("greedy", "sampled"):
+        rows = results["workloads"][workload]
+        assert set(rows) == {"hf_target", "hf_assisted", "gamma_0", "gamma_2", "adaptive"}
+        assert rows["gamma_0"]["speedup_vs_gamma_0"]["median"] == 1.0
+        g2 = rows["gamma_2"]
+        assert 0 <= g2["draft_efficiency"] <= g2["acceptance_rate"] <= 1
+        assert all(p is None or 0 <= p <= 1 for p in g2["acceptance_by_position"])
+        assert g2["cycle"]["wire_bytes_per_cycle"] > 0 and g2["analytic_speedup"] > 0
+    # Greedy output is the target's own, in every mode: HF assisted and the cluster's.
+    assert all(v["identical"] == v["runs"] == 2 for v in results["greedy_identical_to_target"].values())
+    assert [c["in_flight"] for c in results["concurrency"]["adaptive"]] == [1, 2]
+    assert results["peak_memory_mb"]["draft"] > 0 and results["peak_memory_mb"]["target"] > 0
+    assert "| tandem γ=2 |" in (tmp_path / "bench.md").read_text()
