@@ -1,10 +1,15 @@
 """The draft-verify cycle loop: a plain async class with injected clients, store and policy,
 testable without Ray. One `Session` runs cycles until EOS or max_tokens; each cycle's tokens
-are committed to Redis before they are yielded."""
+are committed to Redis before they are yielded. The next cycle's first worker call needs only
+the committed sequence, so it is sent before the commit and the two overlap: Redis is off the
+per-cycle critical path (worker caches are soft state, so a commit that fails after the call
+costs nothing but the call)."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from orchestrator.clients import DraftClient, Reply, VerifierClient
 from orchestrator.policy import CycleCosts, GammaPolicy
@@ -37,6 +42,14 @@ class Session:
         return len(self.tokens) - self.prompt_len
 
 
+class _FirstCall(NamedTuple):
+    """A cycle's first worker call, started before the cycle (while the last one committed)."""
+
+    gamma: int
+    began: float  # perf_counter() at its start: the cycle's start
+    task: asyncio.Future  # → Reply
+
+
 @dataclass
 class CycleOutput:
     tokens: list[int]
@@ -55,24 +68,34 @@ class SpeculativeLoop:
 
     async def run(self, s: Session) -> AsyncIterator[CycleOutput]:
         s.started = time.perf_counter()
-        while not s.finish_reason:
-            out = await self.cycle(s)
-            if s.stats.ttft_s == 0.0:
-                s.stats.ttft_s = time.perf_counter() - s.started
-            s.stats.elapsed_s = time.perf_counter() - s.started
-            yield out
+        call = self._launch(s)
+        try:
+            while call is not None:
+                out, call = await self.cycle(s, call)
+                if s.stats.ttft_s == 0.0:
+                    s.stats.ttft_s = time.perf_counter() - s.started
+                s.stats.elapsed_s = time.perf_counter() - s.started
+                yield out
+        finally:
+            if call is not None:  # the client went away mid-generation
+                call.task.cancel()
 
-    async def cycle(self, s: Session) -> CycleOutput:
-        began = time.perf_counter()
-        remaining = s.max_tokens - s.generated
-        # 1. Choose γ: never draft past what the request still wants.
+    def _launch(self, s: Session) -> "_FirstCall":
+        """1. Choose γ, never drafting past what the request still wants, and start the cycle's
+        first worker call: the draft, or the verify when γ = 0."""
         wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
-        gamma = max(0, min(wanted, remaining - 1))
-        # 2. Draft γ tokens, sending the draft worker the committed tokens it has not seen.
-        draft = await self._propose(s, gamma) if gamma else None
+        gamma = max(0, min(wanted, s.max_tokens - s.generated - 1))
+        call = self._propose(s, gamma) if gamma else self._verify(s, None)
+        return _FirstCall(gamma, time.perf_counter(), asyncio.ensure_future(call))
+
+    async def cycle(self, s: Session, call: "_FirstCall") -> tuple[CycleOutput, "_FirstCall | None"]:
+        """One cycle whose first call is under way; returns its output and the next cycle's call."""
+        gamma, began = call.gamma, call.began
+        # 2. Draft γ tokens (the call sent the draft worker the committed tokens it had not seen).
+        draft = await call.task if gamma else None
         proposal = draft.answer if draft else None
         # 3. Verify the block in one target pass.
-        verify = await self._verify(s, proposal)
+        verify = await self._verify(s, proposal) if gamma else await call.task
         verdict = verify.answer
         # 4. Accept/reject with counter-based uniforms keyed by absolute position.
         position = len(s.tokens)
@@ -82,23 +105,30 @@ class SpeculativeLoop:
             u = uniforms(s.params.seed, position, gamma, Purpose.ACCEPT)
             accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
         new = output_tokens(drafted, accepted, verdict.recovered_tokens, verdict.bonus_token)
-        new = self._truncate(s, new, remaining)
+        new = self._truncate(s, new, remaining=s.max_tokens - s.generated)
         s.draft_cache_len = position + min(accepted, gamma - 1) if gamma else s.draft_cache_len
         s.target_cache_len = position + accepted
         s.tokens.extend(new)
         s.cycle += 1
-        # 5. Commit to Redis before the client sees the tokens.
-        redis_start = time.perf_counter()
-        await self.store.commit(
-            s.session_id, new, s.cycle, s.policy.to_dict(),
-            {"draft": s.draft_cache_len, "target": s.target_cache_len}, s.finish_reason or "running",
-        )
-        redis_ms = (time.perf_counter() - redis_start) * 1e3
-        # 6. Account the cycle and teach the policy what it measured.
-        record = _measure(s, began, gamma, accepted, len(new), draft, verify, redis_ms)
+        # 5. Teach the policy what the cycle measured, and start the next cycle's first call:
+        #    it needs only the committed sequence, so it overlaps the Redis commit.
+        record = _measure(s, began, gamma, accepted, len(new), draft, verify)
         s.policy.observe(_costs(record, draft, verify))
+        following = None if s.finish_reason else self._launch(s)
+        # 6. Commit to Redis before the client sees the tokens.
+        redis_start = time.perf_counter()
+        try:
+            await self.store.commit(
+                s.session_id, new, s.cycle, s.policy.to_dict(),
+                {"draft": s.draft_cache_len, "target": s.target_cache_len}, s.finish_reason or "running",
+            )
+        except BaseException:
+            if following is not None:
+                following.task.cancel()
+            raise
+        record.redis_ms = (time.perf_counter() - redis_start) * 1e3
         _count(s.stats, record)
-        return CycleOutput(new, bool(s.finish_reason))
+        return CycleOutput(new, bool(s.finish_reason)), following
 
     async def _propose(self, s: Session, gamma: int) -> Reply:
         reply = await self.draft.propose(
@@ -119,6 +149,7 @@ class SpeculativeLoop:
         return reply
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:
+        """Cut the cycle's tokens at the first EOS or at max_tokens, setting finish_reason."""
         for i, token in enumerate(new):
             if token in self.eos:
                 s.finish_reason = "stop"
@@ -134,18 +165,17 @@ def _then(miss: Reply, retry: Reply) -> Reply:
 
 
 def _measure(s: Session, began: float, gamma: int, accepted: int, output: int, draft: Reply | None,
-             verify: Reply, redis_ms: float) -> CycleStats:
-    now = time.perf_counter()
+             verify: Reply) -> CycleStats:
+    """The cycle's counts and time split up to its commit (redis_ms is filled in after it)."""
     draft_compute = draft.answer.compute_ms if draft else 0.0
     draft_wall = draft.wall_ms if draft else 0.0
     verify_compute = verify.answer.compute_ms
-    total = (now - began) * 1e3
+    total = (time.perf_counter() - began) * 1e3
     return CycleStats(
         gamma=gamma, accepted=accepted, output_tokens=output, start_ms=(began - s.started) * 1e3,
         draft_ms=draft_compute, verify_ms=verify_compute,
         transport_ms=max(0.0, draft_wall - draft_compute) + max(0.0, verify.wall_ms - verify_compute),
-        redis_ms=redis_ms,
-        orchestration_ms=max(0.0, total - draft_wall - verify.wall_ms - redis_ms),
+        orchestration_ms=max(0.0, total - draft_wall - verify.wall_ms),
         wire_bytes=(draft.wire_bytes if draft else 0) + verify.wire_bytes,
     )
 
@@ -158,7 +188,7 @@ def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
         draft_transport_ms=max(0.0, draft.wall_ms - c.draft_ms) if draft else 0.0,
         verify_compute_ms=c.verify_ms,
         verify_transport_ms=max(0.0, verify.wall_ms - c.verify_ms),
-        overhead_ms=c.redis_ms + c.orchestration_ms,
+        overhead_ms=c.orchestration_ms,  # the Redis commit overlaps the next cycle's first call
     )
 
 

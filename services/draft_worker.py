@@ -26,11 +26,15 @@ def propose(
     logits = runtime.extend(session_id, cache_len, tokens)[-1]  # [V]
     drafted, token_probs, dists = [], [], []
     for i in range(gamma):
-        probs = warp(logits, params)  # [V]
-        token = int(sample(probs, torch.tensor(uniform(params.seed, position + i, Purpose.DRAFT))))
+        if params.greedy:  # warp's one-hot and its draw, without vocabulary-sized work
+            token, prob = int(logits.argmax()), 1.0
+        else:
+            probs = warp(logits, params)  # [V]
+            token = int(sample(probs, torch.tensor(uniform(params.seed, position + i, Purpose.DRAFT))))
+            prob = float(probs[token])
+            dists.append(probs)
         drafted.append(token)
-        token_probs.append(float(probs[token]))
-        dists.append(probs)
+        token_probs.append(prob)
         if i + 1 < gamma:
             logits = runtime.extend(session_id, position + i, [token])[-1]
     # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.

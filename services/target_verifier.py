@@ -6,7 +6,7 @@ from services.runtime import ModelRuntime
 from services.server import WorkerServicer
 from tandem import codec
 from tandem.rng import Purpose, uniform, uniforms
-from tandem.sampling import SamplingParams, verify_block, warp
+from tandem.sampling import SamplingParams, verify_block, verify_greedy, warp
 from tandem.v1 import worker_pb2_grpc
 from tandem.validation import check_context, check_token_ids, invalid
 
@@ -24,16 +24,19 @@ def verify(
     """
     gamma = len(draft_tokens)
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = runtime.extend(session_id, cache_len, tokens + draft_tokens)  # [n+γ, V]
-    target_probs = warp(logits[len(tokens) - 1 :], params)  # [γ+1, V]
+    logits = runtime.extend(session_id, cache_len, tokens + draft_tokens)[len(tokens) - 1 :]  # [γ+1, V]
     drafts = torch.tensor(draft_tokens, dtype=torch.long)  # [γ]
-    if draft_probs is None:
-        draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
-    verdict = verify_block(
-        target_probs, drafts, draft_probs,
-        torch.tensor(uniforms(params.seed, position, gamma, Purpose.RECOVERED), dtype=torch.float64),
-        uniform(params.seed, position + gamma, Purpose.BONUS),
-    )
+    if params.greedy:
+        verdict = verify_greedy(logits, drafts)
+    else:
+        target_probs = warp(logits, params)  # [γ+1, V]
+        if draft_probs is None:
+            draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
+        verdict = verify_block(
+            target_probs, drafts, draft_probs,
+            torch.tensor(uniforms(params.seed, position, gamma, Purpose.RECOVERED), dtype=torch.float64),
+            uniform(params.seed, position + gamma, Purpose.BONUS),
+        )
     return codec.Verification(
         verdict.target_token_probs.tolist(), verdict.recovered_tokens.tolist(),
         verdict.bonus_token, 0.0,

@@ -296,7 +296,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", default=str(HELDOUT_PROMPTS), help="JSON lines or '---'-separated text "
                        "(default: held-out third-party code)")
     bench.add_argument("--limit", type=int, default=16, help="use at most this many prompts")
-    bench.add_argument("--max-tokens", type=int, default=64)
+    bench.add_argument("--max-tokens", type=int, default=128)
     bench.add_argument("--gammas", default="0-8", help="fixed-gamma modes, '0-8' or '0,2,4' (0: target alone)")
     bench.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-gamma mode")
     bench.add_argument("--workloads", default="greedy,sampled", help="greedy (T=0), sampled (T=1)")

@@ -14,7 +14,10 @@ def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dt
     """Start `tandem worker` as a child process; return it and the address it listens on."""
     cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", "0",
            "--threads", str(threads), "--device", device, "--dtype", dtype]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    # An OpenMP thread that spins after its parallel region steals a core from the other
+    # worker on a small machine; let idle threads sleep.
+    env = {"OMP_WAIT_POLICY": "PASSIVE"} | dict(os.environ)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True, env=env)
     for line in proc.stdout:
         if "listening on" in line:
             if echo:
@@ -73,7 +76,7 @@ class LocalCluster:
                 self._redis = EmbeddedRedis()
                 self.redis_url = self._redis.url
                 self._say(f"redis (embedded) listening on {self.redis_url}")
-            self._addresses = addresses = {}
+            self.addresses = addresses = {}
             for kind, model in (("draft", self.draft_model), ("target", self.target_model)):
                 proc, addresses[kind] = spawn_worker(kind, model, self.host, self.threads, self.device,
                                                      self.dtype, self.echo)

@@ -112,6 +112,19 @@ def verify_block(
     return Verdict(token_probs.float(), recovered, bonus)
 
 
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> Verdict:
+    """verify_block for temperature 0, from logits and without vocabulary-sized work.
+
+    target_logits [γ+1, V]; draft_tokens [γ]. Every distribution is one-hot, so a drafted
+    token's target probability is 1 where it is the target's argmax and 0 elsewhere, and the
+    recovered and bonus tokens are the target's argmax: exactly what verify_block returns on
+    the one-hot inputs.
+    """
+    argmax = target_logits.argmax(-1)  # [γ+1]; first index on ties, like warp
+    gamma = draft_tokens.shape[0]
+    return Verdict((argmax[:gamma] == draft_tokens).float(), argmax[:gamma], int(argmax[gamma]))
+
+
 def count_accepted(
     draft_token_probs: list[float], target_token_probs: list[float], u_accept: list[float]
 ) -> int:

@@ -48,6 +48,13 @@ def test_analytic_bound_is_expected_tokens_over_compute_in_target_token_units():
     assert summary.analytic_bound(target_alone, None, 5.0) == pytest.approx(1.0)
 
 
+def test_cycle_split_leaves_the_overlapped_redis_commit_off_the_critical_path():
+    split = summary.cycle_split([run("gamma_2", 0, 3, 1.0, [cycle(2, 2, 3, 2.0, 6.0)])])
+    assert split["total_ms"] == pytest.approx(2.0 + 6.0 + 0.5 + 0.2)
+    assert split["redis_ms"] == 0.3 and split["wire_bytes_per_cycle"] == 100
+    assert split["orchestration_share"] == pytest.approx(0.2 / 8.7)
+
+
 def test_speedups_pair_runs_by_prompt():
     base = [run("hf_target", 0, 10, 1.0), run("hf_target", 1, 10, 2.0)]
     fast = [run("gamma_2", 0, 10, 0.5, []), run("gamma_2", 1, 10, 0.5, [])]

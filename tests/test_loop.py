@@ -23,16 +23,19 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
         s = Session("loop-test", SamplingParams(temperature=0.0), list(prompt), len(prompt), 20, GammaPolicy(),
                     fixed_gamma=3)
         await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
-        out = []
+        out, dropped = [], {"draft": 0, "target": 0}
         async for cycle in loop.run(s):
             out.extend(cycle.tokens)
             # Both workers forget the session (eviction, restart, another replica): the next
-            # cycle's cache_len > 0 meets a miss and the whole sequence is re-sent.
-            assert await draft.release(s.session_id) and await target.release(s.session_id)
+            # cycle's cache_len > 0 meets a miss and the whole sequence is re-sent. (The next
+            # cycle's draft call is already under way: it may land before or after the loss.)
+            dropped["draft"] += await draft.release(s.session_id)
+            dropped["target"] += await target.release(s.session_id)
         record = await store.load(s.session_id)
         await asyncio.gather(draft.close(), target.close(), store.close())
-        return out, record, s
+        return out, record, s, dropped
 
-    out, record, s = asyncio.run(run())
+    out, record, s, dropped = asyncio.run(run())
+    assert dropped["draft"] >= s.cycle // 2 and dropped["target"] == s.cycle
     assert out == expected.tolist()
     assert record.tokens == prompt + out and record.cycle == s.cycle

@@ -26,6 +26,7 @@ from tandem.sampling import (
     residual,
     sample,
     verify_block,
+    verify_greedy,
     warp,
 )
 
@@ -425,6 +426,25 @@ def test_greedy_cycle_accepts_the_longest_matching_prefix():
         assert got == target_argmax[: accepted + 1]
         seen.add(accepted)
     assert seen == set(range(gamma + 1))
+
+
+def test_verify_greedy_equals_verify_block_on_one_hot_distributions():
+    gen = torch.Generator().manual_seed(41)
+    rng = np.random.default_rng(41)
+    greedy = SamplingParams(temperature=0.0)
+    for gamma in (0, 1, 4):
+        for _ in range(40):
+            logits = torch.randn(gamma + 1, 12, generator=gen)
+            logits[:, 3] = logits[:, 5]  # ties: the first index wins in both
+            drafts = torch.randint(0, 12, (gamma,), generator=gen)
+            drafts[: gamma // 2] = logits[: gamma // 2].argmax(-1)  # some agree
+            one_hot = torch.nn.functional.one_hot(drafts, 12).float()
+            full = verify_block(warp(logits, greedy), drafts, one_hot, torch.from_numpy(rng.random(gamma)),
+                                float(rng.random()))
+            fast = verify_greedy(logits, drafts)
+            assert torch.equal(fast.target_token_probs, full.target_token_probs)
+            assert torch.equal(fast.recovered_tokens, full.recovered_tokens)
+            assert fast.bonus_token == full.bonus_token
 
 
 # --- statistical exactness -------------------------------------------------------------------

@@ -22,7 +22,7 @@ class BenchConfig:
     draft_model: str
     target_model: str
     prompts: list[str]  # text prompts, tokenized with the target's tokenizer
-    max_tokens: int = 64
+    max_tokens: int = 128
     gammas: list[int] = field(default_factory=lambda: list(range(9)))  # fixed-γ modes; 0 is the target alone
     adaptive: bool = True
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
