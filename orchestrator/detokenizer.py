@@ -1,19 +1,30 @@
-"""Incremental detokenization that never splits a UTF-8 character across chunks."""
+"""Incremental detokenization that never splits a UTF-8 character across chunks.
+
+Each push decodes a short window, not the whole sequence (the text-generation-inference
+scheme): the window starts a few tokens before the unsent ones, because a token's text can
+depend on the one before it (leading spaces, byte-level pieces), and only the text past the
+window's already-sent prefix is new. Cost per cycle stays constant as the generation grows.
+"""
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
-        self.emitted = 0  # characters of the decoded text already sent
+        self.prefix_offset = 0  # the window starts here
+        self.read_offset = 0  # tokens before this are sent
 
     def push(self, token_ids: list[int], final: bool = False) -> str:
         """Add tokens; return the new text that is complete (all of it when final)."""
         if self.tokenizer is None:
             return ""
         self.token_ids.extend(token_ids)
-        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        if not final and text.endswith("\ufffd"):  # bytes of a character still to come
+        prefix = self._decode(self.prefix_offset, self.read_offset)
+        text = self._decode(self.prefix_offset, len(self.token_ids))
+        if len(text) <= len(prefix) or (not final and text.endswith("\ufffd")):  # bytes still to come
             return ""
-        delta, self.emitted = text[self.emitted :], len(text)
-        return delta
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        return text[len(prefix):]
+
+    def _decode(self, start: int, end: int) -> str:
+        return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)

@@ -1,5 +1,6 @@
 """bench.md and the PNG plots, from the results dict (and the raw runs for the timeline)."""
 
+import os
 from pathlib import Path
 
 from tandem.bench.runs import Run
@@ -11,6 +12,12 @@ def label(mode: str) -> str:
     if mode in LABELS:
         return LABELS[mode]
     return "tandem adaptive γ" if mode == "adaptive" else f"tandem γ={mode.removeprefix('gamma_')}"
+
+
+def _short(path: str) -> str:
+    """A path relative to the working directory when it lies below it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _x(value, digits: int = 2, suffix: str = "") -> str:
@@ -62,8 +69,8 @@ def markdown(results: dict) -> str:
         "",
         f"{results['started']}, {results['duration_s'] / 60:.1f} min on {m['cpu']} ({m['cores']} cores"
         f"{', ' + m['gpu'] if m['gpu'] else ', no GPU'}), Python {m['python']}, torch {m['torch']}. "
-        f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, draft `{cfg['draft_model']}`, "
-        f"target `{cfg['target_model']}`, {cfg['threads']} torch thread(s) per model.",
+        f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, draft `{_short(cfg['draft_model'])}`, "
+        f"target `{_short(cfg['target_model'])}`, {cfg['threads']} torch thread(s) per model.",
         "",
         "Speedups are per prompt against the same prompt's baseline run, median (interquartile range).",
     ]
@@ -163,7 +170,7 @@ def _timeline(plt, runs, path):
     ax.set(xlabel="ms since the request", ylabel="cycle",
            title=f"one generation ({label(run.mode)}, {run.workload}, prompt {run.prompt}): "
                  "time split per cycle (parts drawn in sequence)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
