@@ -11,9 +11,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
 from orchestrator.clients import DraftClient, Reply, VerifierClient
 from orchestrator.policy import CycleCosts, GammaPolicy
 from orchestrator.store import SessionStore
+from tandem import tracing
 from tandem.codec import CycleStats, Stats
 from tandem.rng import Purpose, uniforms
 from tandem.sampling import SamplingParams, count_accepted, output_tokens
@@ -48,6 +53,7 @@ class _FirstCall(NamedTuple):
     gamma: int
     began: float  # perf_counter() at its start: the cycle's start
     task: asyncio.Future  # → Reply
+    span: trace.Span  # the cycle's span, ended after its commit
 
 
 @dataclass
@@ -66,12 +72,13 @@ class SpeculativeLoop:
         self.store = store
         self.eos = set(eos_token_ids)
 
-    async def run(self, s: Session) -> AsyncIterator[CycleOutput]:
+    async def run(self, s: Session, parent: Context | None = None) -> AsyncIterator[CycleOutput]:
+        """Cycles until EOS or max_tokens; each cycle's span is a child of `parent`."""
         s.started = time.perf_counter()
-        call = self._launch(s)
+        call = self._launch(s, parent)
         try:
             while call is not None:
-                out, call = await self.cycle(s, call)
+                out, call = await self.cycle(s, call, parent)
                 if s.stats.ttft_s == 0.0:
                     s.stats.ttft_s = time.perf_counter() - s.started
                 s.stats.elapsed_s = time.perf_counter() - s.started
@@ -79,23 +86,29 @@ class SpeculativeLoop:
         finally:
             if call is not None:  # the client went away mid-generation
                 call.task.cancel()
+                call.span.end()
 
-    def _launch(self, s: Session) -> "_FirstCall":
-        """1. Choose γ, never drafting past what the request still wants, and start the cycle's
-        first worker call: the draft, or the verify when γ = 0."""
+    def _launch(self, s: Session, parent: Context | None) -> "_FirstCall":
+        """1. Choose γ, never drafting past what the request still wants, open the cycle's span
+        and start its first worker call: the draft, or the verify when γ = 0."""
         wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
         gamma = max(0, min(wanted, s.max_tokens - s.generated - 1))
-        call = self._propose(s, gamma) if gamma else self._verify(s, None)
-        return _FirstCall(gamma, time.perf_counter(), asyncio.ensure_future(call))
+        span = tracing.tracer.start_span("cycle", context=parent,
+                                         attributes={"tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma})
+        here = trace.set_span_in_context(span, parent)
+        call = self._propose(s, gamma, here) if gamma else self._verify(s, None, here)
+        return _FirstCall(gamma, time.perf_counter(), asyncio.ensure_future(call), span)
 
-    async def cycle(self, s: Session, call: "_FirstCall") -> tuple[CycleOutput, "_FirstCall | None"]:
+    async def cycle(self, s: Session, call: "_FirstCall", parent: Context | None = None,
+                    ) -> tuple[CycleOutput, "_FirstCall | None"]:
         """One cycle whose first call is under way; returns its output and the next cycle's call."""
         gamma, began = call.gamma, call.began
+        here = trace.set_span_in_context(call.span, parent)
         # 2. Draft γ tokens (the call sent the draft worker the committed tokens it had not seen).
         draft = await call.task if gamma else None
         proposal = draft.answer if draft else None
         # 3. Verify the block in one target pass.
-        verify = await self._verify(s, proposal) if gamma else await call.task
+        verify = await self._verify(s, proposal, here) if gamma else await call.task
         verdict = verify.answer
         # 4. Accept/reject with counter-based uniforms keyed by absolute position.
         position = len(s.tokens)
@@ -114,38 +127,48 @@ class SpeculativeLoop:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
         record = _measure(s, began, gamma, accepted, len(new), draft, verify)
         s.policy.observe(_costs(record, draft, verify))
-        following = None if s.finish_reason else self._launch(s)
+        following = None if s.finish_reason else self._launch(s, parent)
+        call.span.set_attributes({
+            "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),
+            "tandem.cycle.ended_with": "bonus" if accepted == gamma else "recovered",
+            "tandem.cycle.alpha_estimate": s.policy.alpha,
+        })
         # 6. Commit to Redis before the client sees the tokens.
         redis_start = time.perf_counter()
         try:
-            await self.store.commit(
-                s.session_id, new, s.cycle, s.policy.to_dict(),
-                {"draft": s.draft_cache_len, "target": s.target_cache_len}, s.finish_reason or "running",
-            )
+            with tracing.tracer.start_as_current_span("redis commit", context=here, kind=SpanKind.CLIENT,
+                                                      attributes={"db.system": "redis", "db.operation.name": "MULTI"}):
+                await self.store.commit(
+                    s.session_id, new, s.cycle, s.policy.to_dict(),
+                    {"draft": s.draft_cache_len, "target": s.target_cache_len}, s.finish_reason or "running",
+                )
         except BaseException:
             if following is not None:
                 following.task.cancel()
+                following.span.end()
             raise
+        finally:
+            call.span.end()
         record.redis_ms = (time.perf_counter() - redis_start) * 1e3
         _count(s.stats, record)
         return CycleOutput(new, bool(s.finish_reason)), following
 
-    async def _propose(self, s: Session, gamma: int) -> Reply:
+    async def _propose(self, s: Session, gamma: int, parent: Context) -> Reply:
         reply = await self.draft.propose(
-            s.session_id, s.draft_cache_len, s.tokens[s.draft_cache_len :], gamma, s.params
+            s.session_id, s.draft_cache_len, s.tokens[s.draft_cache_len :], gamma, s.params, parent
         )
         if reply.answer is None:  # the worker lost the session: re-prefill the whole sequence
             s.draft_cache_len = 0
-            reply = _then(reply, await self.draft.propose(s.session_id, 0, s.tokens, gamma, s.params))
+            reply = _then(reply, await self.draft.propose(s.session_id, 0, s.tokens, gamma, s.params, parent))
         return reply
 
-    async def _verify(self, s: Session, proposal) -> Reply:
+    async def _verify(self, s: Session, proposal, parent: Context) -> Reply:
         reply = await self.target.verify(
-            s.session_id, s.target_cache_len, s.tokens[s.target_cache_len :], proposal, s.params
+            s.session_id, s.target_cache_len, s.tokens[s.target_cache_len :], proposal, s.params, parent
         )
         if reply.answer is None:
             s.target_cache_len = 0
-            reply = _then(reply, await self.target.verify(s.session_id, 0, s.tokens, proposal, s.params))
+            reply = _then(reply, await self.target.verify(s.session_id, 0, s.tokens, proposal, s.params, parent))
         return reply
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:

@@ -14,9 +14,13 @@ Ray is on the ingress path only: one Serve call per request, never one per cycle
 import asyncio
 import logging
 import uuid
+from pathlib import Path
 
 import grpc
 from ray import serve
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from orchestrator.clients import DraftClient, VerifierClient
 from orchestrator.config import OrchestratorConfig
@@ -25,7 +29,7 @@ from orchestrator.detokenizer import IncrementalDetokenizer
 from orchestrator.policy import GammaPolicy
 from orchestrator.requests import Limits, ResolvedRequest, resolve
 from orchestrator.store import SessionRecord, SessionStore
-from tandem import codec
+from tandem import codec, tracing
 from tandem.validation import FieldError
 
 log = logging.getLogger("tandem.orchestrator")
@@ -39,6 +43,7 @@ class GenerationService:
         self.target = VerifierClient(config.target_address, config.worker_timeout_s)
         self.store = SessionStore.from_url(config.redis_url, config.session_ttl_s)
         self.tokenizer = config.load_tokenizer()
+        tracing.setup("tandem-orchestrator")
         self._ready: asyncio.Task | None = None
         # Costs measured by the last session seed the next one's policy.
         self._policy_template = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
@@ -48,6 +53,7 @@ class GenerationService:
         self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
                                 self.config.max_tokens_cap, self.config.default_max_tokens)
         self.loop = SpeculativeLoop(self.draft, self.target, self.store, target_info.eos_token_ids)
+        self.model = Path(target_info.model).name  # gen_ai.request.model: the target's name
         log.info("connected: draft %s, target %s", draft_info.model, target_info.model)
 
     async def _start(self, request, grpc_context) -> Session:
@@ -80,10 +86,21 @@ class GenerationService:
         )
 
     async def _chunks(self, request, grpc_context):
-        session = await self._start(request, grpc_context)
+        # Started, not made current: this generator's context does not survive its yields.
+        span = tracing.tracer.start_span("text_completion", kind=SpanKind.SERVER,
+                                         context=tracing.extract(grpc_context.invocation_metadata()),
+                                         attributes={"gen_ai.operation.name": "text_completion",
+                                                     "gen_ai.system": "tandem"})
+        try:
+            session = await self._start(request, grpc_context)
+        except BaseException as e:
+            span.set_status(Status(StatusCode.ERROR, str(e)))
+            span.end()
+            raise
+        _describe(span, session, self.model)
         detok = IncrementalDetokenizer(self.tokenizer)
         try:
-            async for out in self.loop.run(session):
+            async for out in self.loop.run(session, trace.set_span_in_context(span)):
                 text = detok.push(out.tokens, final=out.finished)
                 last = out.finished
                 yield codec.Chunk(session.session_id, out.tokens, text,
@@ -92,16 +109,19 @@ class GenerationService:
             grpc_context.set_code(grpc.StatusCode.UNAVAILABLE if e.code() == grpc.StatusCode.UNAVAILABLE
                                   else grpc.StatusCode.INTERNAL)
             grpc_context.set_details(f"worker call failed: {e.code().name}: {e.details()}")
+            span.set_status(Status(StatusCode.ERROR, f"worker call failed: {e.code().name}"))
             raise
         finally:
             if session.policy.n:
                 self._policy_template = session.policy
-            await self._release(session.session_id)
+            await self._release(session.session_id, trace.set_span_in_context(span))
+            _conclude(span, session)
+            span.end()
 
-    async def _release(self, session_id: str) -> None:
+    async def _release(self, session_id: str, parent) -> None:
         # Caches are soft state: free them now rather than waiting for LRU eviction.
-        results = await asyncio.gather(self.draft.release(session_id), self.target.release(session_id),
-                                       return_exceptions=True)
+        results = await asyncio.gather(self.draft.release(session_id, parent),
+                                       self.target.release(session_id, parent), return_exceptions=True)
         for r in results:
             if isinstance(r, Exception):
                 log.warning("release of %s failed: %s", session_id, r)
@@ -113,3 +133,28 @@ class GenerationService:
     async def GenerateStream(self, request, grpc_context):
         async for chunk in self._chunks(request, grpc_context):
             yield codec.chunk_to_pb(chunk)
+
+
+def _describe(span, session: Session, model: str) -> None:
+    """The request span's OpenTelemetry GenAI attributes (semantic conventions v1.36.0)."""
+    p = session.params
+    span.update_name(f"text_completion {model}")
+    span.set_attributes({
+        "gen_ai.request.model": model, "gen_ai.request.temperature": p.temperature,
+        "gen_ai.request.top_p": p.top_p, "gen_ai.request.top_k": p.top_k,
+        "gen_ai.request.max_tokens": session.max_tokens,
+        "gen_ai.usage.input_tokens": session.prompt_len, "gen_ai.response.id": session.session_id,
+        "tandem.gamma": "adaptive" if session.fixed_gamma is None else str(session.fixed_gamma),
+    })
+    if p.seed < 2**63:  # OTLP integers are int64; a client's seed may use all 64 bits
+        span.set_attribute("gen_ai.request.seed", p.seed)
+
+
+def _conclude(span, session: Session) -> None:
+    s = session.stats
+    span.set_attributes({
+        "gen_ai.usage.output_tokens": session.generated,
+        "gen_ai.response.finish_reasons": [session.finish_reason] if session.finish_reason else [],
+        "tandem.cycles": s.cycles, "tandem.drafted_tokens": s.drafted_tokens,
+        "tandem.accepted_tokens": s.accepted_tokens,
+    })

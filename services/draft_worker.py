@@ -43,6 +43,8 @@ def propose(
 
 
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
+    service = "tandem.v1.DraftWorker"
+
     async def Propose(self, request, context):
         async def work():
             self.check_sequence(request.session_id, request.cache_len, request.tokens)
@@ -56,7 +58,7 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
                 request.gamma, params,
             )
 
-        return codec.propose_response(await self.answer(context, work))
+        return codec.propose_response(await self.answer(context, "Propose", request, work))
 
 
 def add_to_server(runtime: ModelRuntime, server) -> None:

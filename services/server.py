@@ -10,8 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
 from services.runtime import CacheMiss, ModelRuntime
-from tandem import codec
+from tandem import codec, tracing
 from tandem.validation import FieldError, check_context, check_sampling, check_session_id, check_token_ids
 
 log = logging.getLogger("tandem.worker")
@@ -19,8 +21,22 @@ log = logging.getLogger("tandem.worker")
 MAX_MESSAGE_BYTES = 64 << 20
 
 
+def _describe(request) -> dict:
+    """Span attributes of a worker request: which session, where its cache stands, how much work."""
+    attributes = {"tandem.session_id": request.session_id}
+    if hasattr(request, "cache_len"):
+        attributes |= {"tandem.cache_len": request.cache_len, "tandem.tokens": len(request.tokens)}
+    if hasattr(request, "gamma"):
+        attributes["tandem.gamma"] = request.gamma
+    elif hasattr(request, "draft_tokens"):
+        attributes["tandem.gamma"] = len(request.draft_tokens)
+    return attributes
+
+
 class WorkerServicer:
     """Base of the draft and verify servicers: decode, validate, compute on the model thread."""
+
+    service = ""  # the gRPC service's full name, e.g. "tandem.v1.DraftWorker"
 
     def __init__(self, runtime: ModelRuntime) -> None:
         self.runtime = runtime
@@ -54,15 +70,28 @@ class WorkerServicer:
 
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, run)
 
-    async def answer(self, context, work):
-        """Await work(); a FieldError becomes its status code, anything else INTERNAL."""
-        try:
-            return await work()
-        except FieldError as e:
-            await context.abort(e.code, str(e))
-        except Exception as e:  # a bug must not take the worker down: log it, answer INTERNAL
-            log.exception("request failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    async def answer(self, context, rpc: str, request, work):
+        """Await work() in a server span (child of the caller's, from the metadata); a
+        FieldError becomes its status code, anything else INTERNAL."""
+        with tracing.tracer.start_as_current_span(
+            f"{self.service}/{rpc}", context=tracing.extract(context.invocation_metadata()), kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.service": self.service, "rpc.method": rpc, **_describe(request)},
+            record_exception=False, set_status_on_exception=False,
+        ) as span:
+            try:
+                result = await work()
+            except FieldError as e:
+                span.set_status(Status(StatusCode.ERROR, str(e)))
+                await context.abort(e.code, str(e))
+            except Exception as e:  # a bug must not take the worker down: log it, answer INTERNAL
+                log.exception("request failed")
+                span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+                await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            if hasattr(result, "compute_ms"):
+                span.set_attribute("tandem.compute_ms", result.compute_ms)
+            elif result is None:  # Propose and Verify answer None on a cache miss
+                span.set_attribute("tandem.cache_miss", True)
+            return result
 
     async def Release(self, request, context):
         async def work():
@@ -71,7 +100,7 @@ class WorkerServicer:
                 self._model_thread, self.runtime.release, request.session_id
             )
 
-        return codec.release_response(await self.answer(context, work))
+        return codec.release_response(await self.answer(context, "Release", request, work))
 
     async def Describe(self, request, context):
         return codec.model_info_to_pb(self.runtime.info)
@@ -107,6 +136,7 @@ def run_worker(
     if threads:
         torch.set_num_threads(threads)
     add = {"draft": draft_worker.add_to_server, "target": target_verifier.add_to_server}[kind]
+    tracing.setup({"draft": "tandem-draft-worker", "target": "tandem-target-verifier"}[kind])
     runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
 
     async def main():
@@ -120,5 +150,6 @@ def run_worker(
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await stop.wait()
         await server.stop(grace=2)
+        tracing.shutdown()
 
     asyncio.run(main())

@@ -44,6 +44,8 @@ def verify(
 
 
 class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServicer):
+    service = "tandem.v1.TargetVerifier"
+
     async def Verify(self, request, context):
         async def work():
             self.check_sequence(request.session_id, request.cache_len, request.tokens)
@@ -69,7 +71,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 list(request.draft_tokens), draft_probs, params,
             )
 
-        return codec.verify_response(await self.answer(context, work))
+        return codec.verify_response(await self.answer(context, "Verify", request, work))
 
 
 def add_to_server(runtime: ModelRuntime, server) -> None:

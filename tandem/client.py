@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from tandem import codec
+from tandem import codec, tracing
 from tandem.errors import from_rpc_error
 from tandem.v1 import generation_pb2_grpc
 
@@ -147,7 +147,13 @@ class _Base:
     def __init__(self, address: str, app_name: str, timeout_s: float) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self.metadata = (("application", app_name),)  # Ray Serve's gRPC ingress routes on it
+        self._route = (("application", app_name),)  # Ray Serve's gRPC ingress routes on it
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """Per call: the route, and the caller's current trace context (W3C traceparent) if any,
+        so that tandem's spans join the caller's trace."""
+        return self._route + tracing.metadata()
 
 
 class Client(_Base):

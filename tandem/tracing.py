@@ -1,0 +1,73 @@
+"""OpenTelemetry tracing, configured only through the standard OTEL_* environment variables.
+
+Off unless an OTLP endpoint is set (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_ENDPOINT`), and off when `OTEL_SDK_DISABLED=true` or
+`OTEL_TRACES_EXPORTER=none`. When on: OTLP over gRPC, batch export (`OTEL_BSP_*`), sampling by
+`OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, resource attributes from
+`OTEL_RESOURCE_ATTRIBUTES`, and `service.name` from `OTEL_SERVICE_NAME` or else the process's
+own ("tandem-orchestrator", "tandem-draft-worker", "tandem-target-verifier"). Context travels
+as W3C `traceparent` in gRPC metadata (`OTEL_PROPAGATORS` can change the format).
+
+Spans are made against the API either way; with tracing off they are non-recording and cost
+next to nothing.
+"""
+
+import logging
+import os
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+
+log = logging.getLogger("tandem.tracing")
+tracer = trace.get_tracer("tandem")
+_configured = False
+
+
+def enabled() -> bool:
+    """Whether the environment asks for traces."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    if os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() == "none":
+        return False
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def setup(service_name: str) -> bool:
+    """Install an exporting tracer provider for this process, once; False when tracing is off."""
+    global _configured
+    if _configured or not enabled():
+        return _configured
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != "grpc":
+        log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; exporting OTLP over gRPC", protocol)
+    # OTEL_SERVICE_NAME, when set, names every process; otherwise each names itself.
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name}
+    provider = TracerProvider(resource=Resource.create(attributes))  # the sampler comes from OTEL_TRACES_SAMPLER
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # endpoint and headers from OTEL_*
+    trace.set_tracer_provider(provider)
+    _configured = True
+    return True
+
+
+def shutdown() -> None:
+    """Flush and stop the exporter (also done at interpreter exit)."""
+    provider = trace.get_tracer_provider()
+    if _configured and hasattr(provider, "shutdown"):
+        provider.shutdown()
+
+
+def metadata(context: Context | None = None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying the context's span (the current one by default); empty without one."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=context)
+    return tuple(carrier.items())
+
+
+def extract(invocation_metadata) -> Context:
+    """The remote parent a caller sent in its gRPC metadata (an empty context if none)."""
+    return propagate.extract({key: value for key, value in invocation_metadata or ()})

@@ -1,0 +1,107 @@
+"""One request is one trace across the orchestrator and both workers, exported over OTLP/gRPC
+to a real receiver (tests/conftest.py), with a span per cycle and the GenAI attributes."""
+
+import time
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+import tandem
+
+pytestmark = pytest.mark.cluster
+SERVICES = {"tandem-orchestrator", "tandem-draft-worker", "tandem-target-verifier"}
+SERVER, CLIENT = 2, 3  # opentelemetry.proto Span.SpanKind
+
+
+def attributes(span) -> dict:
+    def value(v):
+        kind = v.WhichOneof("value")
+        if kind == "array_value":
+            return [value(x) for x in v.array_value.values]
+        return getattr(v, kind)
+
+    return {a.key: value(a.value) for a in span.attributes}
+
+
+def collect(otlp, trace_id: bytes, cycles: int, timeout_s: float = 30.0) -> list[tuple[str, object]]:
+    """The trace's spans, once the request span and every cycle span have arrived."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        spans = otlp.trace(trace_id)
+        names = [span.name for _, span in spans]
+        if any(n.startswith("text_completion") for n in names) and names.count("cycle") >= cycles \
+                and {service for service, _ in spans} >= SERVICES or time.monotonic() > deadline:
+            time.sleep(0.3)  # let the workers' last batches land too
+            return otlp.trace(trace_id)
+        time.sleep(0.1)
+
+
+def test_a_request_joins_the_callers_trace_across_three_services(cluster, otlp, pair):
+    tracer = TracerProvider().get_tracer("test")  # the caller's own tracing
+    prompt = pair["prompts"][3]
+    with tracer.start_as_current_span("caller") as caller:
+        with tandem.Client(cluster["address"], timeout_s=120) as client:
+            result = client.generate(prompt_token_ids=prompt, max_tokens=12, temperature=0, gamma=3, seed=7)
+    context = caller.get_span_context()
+    trace_id = context.trace_id.to_bytes(16, "big")
+    spans = collect(otlp, trace_id, result.stats.cycles)
+    assert {service for service, _ in spans} == SERVICES
+    by_id = {span.span_id: (service, span) for service, span in spans}
+
+    # The request span: a child of the caller's, with the GenAI semantic-convention attributes.
+    [(service, request)] = [(sv, sp) for sv, sp in spans if sp.name.startswith("text_completion")]
+    assert service == "tandem-orchestrator" and request.kind == SERVER
+    assert request.name == "text_completion target"
+    assert request.parent_span_id == context.span_id.to_bytes(8, "big")
+    a = attributes(request)
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "target"
+    assert a["gen_ai.request.temperature"] == 0.0 and a["gen_ai.request.max_tokens"] == 12
+    assert a["gen_ai.request.seed"] == 7 and a["gen_ai.request.top_k"] == 0 and a["gen_ai.request.top_p"] == 1.0
+    assert a["gen_ai.usage.input_tokens"] == len(prompt)
+    assert a["gen_ai.usage.output_tokens"] == len(result.token_ids)
+    assert a["gen_ai.response.finish_reasons"] == [result.finish_reason]
+    assert a["gen_ai.response.id"] == result.session_id
+
+    # One span per cycle under the request span, in order, agreeing with the returned stats.
+    cycles = sorted((sp for _, sp in spans if sp.name == "cycle"), key=lambda sp: attributes(sp)["tandem.cycle.index"])
+    assert len(cycles) == result.stats.cycles
+    for i, (span, stats) in enumerate(zip(cycles, result.stats.per_cycle)):
+        c = attributes(span)
+        assert span.parent_span_id == request.span_id and c["tandem.cycle.index"] == i
+        assert c["tandem.cycle.gamma"] == stats.gamma and c["tandem.cycle.accepted"] == stats.accepted
+        assert c["tandem.cycle.ended_with"] == ("bonus" if stats.accepted == stats.gamma else "recovered")
+        assert 0 < c["tandem.cycle.alpha_estimate"] < 1
+    cycle_ids = {span.span_id for span in cycles}
+
+    # Client spans for every worker call under a cycle; the workers' server spans under them.
+    calls = [sp for _, sp in spans if sp.kind == CLIENT and sp.name.endswith(("/Propose", "/Verify"))]
+    assert all(sp.parent_span_id in cycle_ids for sp in calls)
+    assert sum(sp.name.endswith("/Verify") for sp in calls) == result.stats.cycles
+    assert sum(sp.name.endswith("/Propose") for sp in calls) == sum(g > 0 for g in result.stats.gammas)
+    servers = [(sv, sp) for sv, sp in spans if sp.kind == SERVER and sp.name.startswith("tandem.v1.")]
+    for service, span in servers:
+        parent_service, parent = by_id[span.parent_span_id]
+        assert parent.kind == CLIENT and parent.name == span.name and parent_service == "tandem-orchestrator"
+        assert service == {"DraftWorker": "tandem-draft-worker", "TargetVerifier": "tandem-target-verifier"}[
+            span.name.split(".")[2].split("/")[0]]
+        if not span.name.endswith("/Release"):
+            assert attributes(span)["tandem.compute_ms"] > 0
+            assert attributes(span)["tandem.session_id"] == result.session_id
+    assert len([s for s in servers if not s[1].name.endswith("/Release")]) == len(calls)
+    commits = [sp for _, sp in spans if sp.name == "redis commit"]
+    assert len(commits) == result.stats.cycles and all(sp.parent_span_id in cycle_ids for sp in commits)
+
+
+def test_without_a_caller_trace_a_request_is_its_own_trace(cluster, otlp, pair):
+    with tandem.Client(cluster["address"], timeout_s=120) as client:
+        result = client.generate(prompt_token_ids=pair["prompts"][4], max_tokens=8, temperature=0, gamma=2)
+    deadline = time.monotonic() + 30
+    request = None
+    while request is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        with otlp._lock:
+            request = next((sp for _, sp in otlp.spans if sp.name.startswith("text_completion")
+                            and attributes(sp).get("gen_ai.response.id") == result.session_id), None)
+    assert request is not None and request.parent_span_id == b""
+    spans = collect(otlp, request.trace_id, result.stats.cycles)
+    assert {service for service, _ in spans} == SERVICES
