@@ -16,6 +16,7 @@ class OrchestratorConfig:
     session_ttl_s: int = 3600
     worker_timeout_s: float = 30.0
     app_name: str = "tandem"
+    metrics_port: int = 0  # Prometheus metrics of the replica's process; 0: none
 
     def __post_init__(self) -> None:
         for name in ("draft_address", "target_address"):
@@ -29,6 +30,8 @@ class OrchestratorConfig:
             raise ValueError(f"max_gamma must be in [0, 64], got {self.max_gamma}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:
             raise ValueError("default_max_tokens must be in [1, max_tokens_cap]")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in [0, 65535], got {self.metrics_port}")
         if self.session_ttl_s < 1 or self.worker_timeout_s <= 0:
             raise ValueError("session_ttl_s and worker_timeout_s must be positive")
 

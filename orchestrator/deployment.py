@@ -13,6 +13,7 @@ Ray is on the ingress path only: one Serve call per request, never one per cycle
 
 import asyncio
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ray import serve
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from orchestrator import metrics
 from orchestrator.clients import DraftClient, VerifierClient
 from orchestrator.config import OrchestratorConfig
 from orchestrator.cycle import Session, SpeculativeLoop
@@ -44,6 +46,11 @@ class GenerationService:
         self.store = SessionStore.from_url(config.redis_url, config.session_ttl_s)
         self.tokenizer = config.load_tokenizer()
         tracing.setup("tandem-orchestrator")
+        if config.metrics_port:
+            try:
+                metrics.serve(config.metrics_port)
+            except OSError as e:  # e.g. a second replica on this node: serve requests all the same
+                log.error("Prometheus metrics not served on port %d: %s", config.metrics_port, e)
         self._ready: asyncio.Task | None = None
         # Costs measured by the last session seed the next one's policy.
         self._policy_template = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
@@ -86,6 +93,7 @@ class GenerationService:
         )
 
     async def _chunks(self, request, grpc_context):
+        arrived = last = time.perf_counter()
         # Started, not made current: this generator's context does not survive its yields.
         span = tracing.tracer.start_span("text_completion", kind=SpanKind.SERVER,
                                          context=tracing.extract(grpc_context.invocation_metadata()),
@@ -101,6 +109,12 @@ class GenerationService:
         detok = IncrementalDetokenizer(self.tokenizer)
         try:
             async for out in self.loop.run(session, trace.set_span_in_context(span)):
+                metrics.observe_cycle(session.stats.per_cycle[-1])
+                now = time.perf_counter()
+                metrics.observe_tokens(now - last, len(out.tokens), first=last == arrived)
+                last = now
+                if out.finished:
+                    metrics.observe_request(now - arrived, session.finish_reason)
                 text = detok.push(out.tokens, final=out.finished)
                 last = out.finished
                 yield codec.Chunk(session.session_id, out.tokens, text,

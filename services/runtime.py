@@ -80,6 +80,11 @@ class ModelRuntime:
     def num_sessions(self) -> int:
         return len(self._sessions)
 
+    def usage(self) -> tuple[int, int]:
+        """(sessions held, KV-cache bytes), safe to call from any thread."""
+        with self._lock:
+            return len(self._sessions), sum(s.nbytes for s in self._sessions.values())
+
     def extend(self, session_id: str, cache_len: int, tokens: list[int]) -> torch.Tensor:
         """Crop the session's cache to cache_len, run tokens through it → logits [len(tokens), V].
 

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from services import metrics
 from services.runtime import CacheMiss, ModelRuntime
 from tandem import codec, tracing
 from tandem.validation import FieldError, check_context, check_sampling, check_session_id, check_token_ids
@@ -89,8 +90,10 @@ class WorkerServicer:
                 await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
             if hasattr(result, "compute_ms"):
                 span.set_attribute("tandem.compute_ms", result.compute_ms)
+                metrics.compute.labels(rpc=rpc).observe(result.compute_ms / 1e3)
             elif result is None:  # Propose and Verify answer None on a cache miss
                 span.set_attribute("tandem.cache_miss", True)
+                metrics.cache_misses.labels(rpc=rpc).inc()
             return result
 
     async def Release(self, request, context):
@@ -127,8 +130,10 @@ async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int
 def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
+    metrics_port: int = 0,
 ) -> None:
-    """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM."""
+    """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM, with
+    Prometheus metrics on metrics_port (0: none)."""
     import torch
 
     from services import draft_worker, target_verifier
@@ -138,6 +143,8 @@ def run_worker(
     add = {"draft": draft_worker.add_to_server, "target": target_verifier.add_to_server}[kind]
     tracing.setup({"draft": "tandem-draft-worker", "target": "tandem-target-verifier"}[kind])
     runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
+    if metrics_port:
+        metrics.serve(metrics_port, runtime)
 
     async def main():
         server, bound = await start_server(add, runtime, host, port)

@@ -30,7 +30,7 @@ def cmd_worker(args) -> None:
     from services.server import run_worker
 
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
-               max_cache_bytes=args.max_cache_mb << 20, threads=args.threads)
+               max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port)
 
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
@@ -52,10 +52,13 @@ def cmd_up(args) -> None:
         draft_model, target_model = draft_model or default_draft, target_model or default_target
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
-                           redis_url=os.environ.get("REDIS_URL"))
+                           redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port)
     with cluster:
         print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
               f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)
+        if args.metrics_port:
+            print("Prometheus metrics: " + ", ".join(f"{kind} http://{args.host}:{port}/metrics"
+                                                     for kind, port in cluster.metrics_ports.items()), flush=True)
         _wait_for_signal()
         print("stopping tandem ...", flush=True)
     print("tandem stopped", flush=True)
@@ -66,7 +69,7 @@ def cmd_orchestrator(args) -> None:
     from orchestrator.config import OrchestratorConfig
 
     config = OrchestratorConfig(draft_address=args.draft, target_address=args.target, redis_url=args.redis_url,
-                                tokenizer=args.tokenizer, max_gamma=args.max_gamma)
+                                tokenizer=args.tokenizer, max_gamma=args.max_gamma, metrics_port=args.metrics_port)
     start_ingress(config, args.grpc_port, host=args.host)
     print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)
     _wait_for_signal()
@@ -241,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="cpu")
     up.add_argument("--dtype", default="float32")
     up.add_argument("--max-gamma", type=int, default=8)
+    up.add_argument("--metrics-port", type=int, default=9100,
+                    help="Prometheus: the orchestrator here, the draft and target workers on the next two ports (0: off)")
     up.set_defaults(func=cmd_up)
 
     gen = sub.add_parser("generate", help="stream a generation from a running cluster")
@@ -265,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--dtype", default="float32")
     worker.add_argument("--max-cache-mb", type=int, default=2048, help="KV-cache memory bound (LRU eviction)")
     worker.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     worker.set_defaults(func=cmd_worker)
 
     orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")
@@ -275,6 +281,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--grpc-port", type=int, default=9000)
     orch.add_argument("--host", default="0.0.0.0")
     orch.add_argument("--max-gamma", type=int, default=8)
+    orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.set_defaults(func=cmd_orchestrator)
 
     check = sub.add_parser("check", help="measure a draft/target pair: vocabulary, cost, acceptance, speedup")

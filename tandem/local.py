@@ -10,10 +10,10 @@ from pathlib import Path
 
 
 def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str,
-                 echo: bool = True) -> tuple[subprocess.Popen, str]:
+                 echo: bool = True, metrics_port: int = 0) -> tuple[subprocess.Popen, str]:
     """Start `tandem worker` as a child process; return it and the address it listens on."""
     cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", "0",
-           "--threads", str(threads), "--device", device, "--dtype", dtype]
+           "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port)]
     # An OpenMP thread that spins after its parallel region steals a core from the other
     # worker on a small machine; let idle threads sleep.
     env = {"OMP_WAIT_POLICY": "PASSIVE"} | dict(os.environ)
@@ -51,13 +51,16 @@ class LocalCluster:
 
     def __init__(self, draft_model: str, target_model: str, grpc_port: int, host: str = "127.0.0.1",
                  threads: int = 0, device: str = "cpu", dtype: str = "float32", max_gamma: int = 8,
-                 redis_url: str | None = None, echo: bool = True) -> None:
+                 redis_url: str | None = None, echo: bool = True, metrics_port: int = 0) -> None:
         self.draft_model, self.target_model = draft_model, target_model
         self.grpc_port, self.host = grpc_port, host
         # Two workers on a small machine: split the cores, or they fight over threads.
         self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
         self.device, self.dtype, self.max_gamma = device, dtype, max_gamma
         self.redis_url, self.echo = redis_url, echo
+        # Prometheus: the orchestrator on metrics_port, the draft and target workers on the next two.
+        self.metrics_ports = {k: metrics_port + i if metrics_port else 0
+                              for i, k in enumerate(("orchestrator", "draft", "target"))}
         self.workers: dict[str, subprocess.Popen] = {}
         self._redis = None
         self._ingress = False
@@ -79,12 +82,13 @@ class LocalCluster:
             self.addresses = addresses = {}
             for kind, model in (("draft", self.draft_model), ("target", self.target_model)):
                 proc, addresses[kind] = spawn_worker(kind, model, self.host, self.threads, self.device,
-                                                     self.dtype, self.echo)
+                                                     self.dtype, self.echo, self.metrics_ports[kind])
                 self.workers[kind] = proc
             has_tokenizer = (Path(self.target_model) / "tokenizer_config.json").exists()
             config = OrchestratorConfig(
                 draft_address=addresses["draft"], target_address=addresses["target"], redis_url=self.redis_url,
                 tokenizer=self.target_model if has_tokenizer else None, max_gamma=self.max_gamma,
+                metrics_port=self.metrics_ports["orchestrator"],
             )
             start_ingress(config, self.grpc_port, host=self.host)
             self._ingress = True

@@ -117,10 +117,14 @@ def otlp():
 @pytest.fixture(scope="session")
 def workers(pair, otlp):
     """A draft worker and a target verifier as real processes (`tandem worker`)."""
+    from orchestrator.redis_server import free_port
     from tandem.local import spawn_worker, stop_processes
 
-    procs = [spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32") for kind in ("draft", "target")]
-    yield {"draft": procs[0][1], "target": procs[1][1], "pids": {"draft": procs[0][0].pid, "target": procs[1][0].pid}}
+    ports = {"draft": free_port(), "target": free_port()}  # Prometheus
+    procs = [spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32", metrics_port=ports[kind])
+             for kind in ("draft", "target")]
+    yield {"draft": procs[0][1], "target": procs[1][1], "pids": {"draft": procs[0][0].pid, "target": procs[1][0].pid},
+           "metrics_ports": ports}
     stop_processes([proc for proc, _ in procs])
 
 
@@ -133,7 +137,7 @@ def cluster(pair, workers, redis_url):
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     config = OrchestratorConfig(draft_address=workers["draft"], target_address=workers["target"],
-                                redis_url=redis_url, tokenizer=pair["target"], max_gamma=8)
+                                redis_url=redis_url, tokenizer=pair["target"], max_gamma=8, metrics_port=free_port())
     port = free_port()
     start_ingress(config, port)
     yield {"address": f"127.0.0.1:{port}", "config": config, "port": port}

@@ -196,7 +196,7 @@ def test_text_prompt_without_tokenizer_is_failed_precondition(cluster):
 
     from orchestrator.app import build_app
 
-    config = replace(cluster["config"], tokenizer=None, app_name="ids-only")
+    config = replace(cluster["config"], tokenizer=None, app_name="ids-only", metrics_port=0)
     serve.run(build_app(config), name="ids-only", route_prefix="/ids-only")
     try:
         with tandem.Client(cluster["address"], app_name="ids-only") as c:

@@ -1,0 +1,63 @@
+"""The orchestrator's Prometheus metrics, with vLLM's speculative-decoding names and meaning
+under a `tandem:` prefix (counters are exposed with prometheus_client's `_total` suffix, as
+vLLM's are). Served over HTTP by `serve(port)` from the Ray Serve replica's process."""
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from tandem.codec import CycleStats
+
+REGISTRY = CollectorRegistry()
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_PART = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+num_drafts = Counter("tandem:spec_decode_num_drafts", "Cycles that drafted at least one token.",
+                     registry=REGISTRY)
+num_draft_tokens = Counter("tandem:spec_decode_num_draft_tokens", "Tokens drafted.", registry=REGISTRY)
+num_accepted_tokens = Counter("tandem:spec_decode_num_accepted_tokens", "Drafted tokens the target accepted.",
+                              registry=REGISTRY)
+num_accepted_tokens_per_pos = Counter(
+    "tandem:spec_decode_num_accepted_tokens_per_pos",
+    "Accepted drafted tokens by their 0-based position in the block; they sum to num_accepted_tokens.",
+    ["position"], registry=REGISTRY)
+gamma = Histogram("tandem:spec_decode_gamma", "γ chosen per cycle (0: plain target decoding).",
+                  buckets=(0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64), registry=REGISTRY)
+cycle_part = Histogram("tandem:cycle_part_seconds", "Per-cycle time split: draft, verify, transport, redis, "
+                       "orchestration.", ["part"], buckets=_PART, registry=REGISTRY)
+time_to_first_token = Histogram("tandem:time_to_first_token_seconds", "Time to the first generated token.",
+                                buckets=_LATENCY, registry=REGISTRY)
+inter_token_latency = Histogram("tandem:inter_token_latency_seconds", "Wait before each later token (0 for "
+                                "tokens of the same cycle).", buckets=(0.0,) + _LATENCY, registry=REGISTRY)
+e2e_request_latency = Histogram("tandem:e2e_request_latency_seconds", "Request to last token.",
+                                buckets=_LATENCY, registry=REGISTRY)
+request_success = Counter("tandem:request_success", "Finished requests.", ["finished_reason"], registry=REGISTRY)
+
+_PARTS = ("draft", "verify", "transport", "redis", "orchestration")
+
+
+def serve(port: int) -> None:
+    """Expose the metrics on http://0.0.0.0:port/metrics (a daemon thread)."""
+    start_http_server(port, registry=REGISTRY)
+
+
+def observe_cycle(c: CycleStats) -> None:
+    gamma.observe(c.gamma)
+    if c.gamma:
+        num_drafts.inc()
+        num_draft_tokens.inc(c.gamma)
+        num_accepted_tokens.inc(c.accepted)
+        for position in range(c.accepted):
+            num_accepted_tokens_per_pos.labels(position=str(position)).inc()
+    for part in _PARTS:
+        cycle_part.labels(part=part).observe(getattr(c, f"{part}_ms") / 1e3)
+
+
+def observe_tokens(wait_s: float, tokens: int, first: bool) -> None:
+    """A cycle's tokens reached the client after wait_s (since the request, for the first)."""
+    (time_to_first_token if first else inter_token_latency).observe(wait_s)
+    for _ in range(tokens - 1):
+        inter_token_latency.observe(0.0)
+
+
+def observe_request(elapsed_s: float, finish_reason: str) -> None:
+    e2e_request_latency.observe(elapsed_s)
+    request_success.labels(finished_reason=finish_reason).inc()

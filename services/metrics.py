@@ -1,0 +1,23 @@
+"""A worker's Prometheus metrics: live sessions, KV-cache memory, compute time and cache
+misses per RPC. Served over HTTP by `serve(port, runtime)`."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+REGISTRY = CollectorRegistry()
+
+sessions = Gauge("tandem:worker_sessions", "Sessions whose KV cache this worker holds.", registry=REGISTRY)
+kv_cache_bytes = Gauge("tandem:worker_kv_cache_bytes", "Memory held by the sessions' KV caches.",
+                       registry=REGISTRY)
+compute = Histogram("tandem:worker_compute_seconds", "Model and sampling time per call.", ["rpc"],
+                    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+                    registry=REGISTRY)
+cache_misses = Counter("tandem:worker_cache_misses", "Calls for a session the worker did not hold "
+                       "(the caller re-sends the whole sequence).", ["rpc"], registry=REGISTRY)
+
+
+def serve(port: int, runtime) -> None:
+    """Expose the metrics on http://0.0.0.0:port/metrics (a daemon thread); the gauges read the
+    runtime at each scrape."""
+    sessions.set_function(lambda: runtime.usage()[0])
+    kv_cache_bytes.set_function(lambda: runtime.usage()[1])
+    start_http_server(port, registry=REGISTRY)
