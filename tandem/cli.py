@@ -210,6 +210,8 @@ def cmd_bench(args) -> None:
         prompts = load_prompts(args.prompts)[:args.limit]
     except (ValueError, OSError) as e:
         raise SystemExit(f"tandem bench: {e}") from None
+    if args.tracing_overhead:
+        return _bench_tracing(args, draft, target, prompts)
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
                          concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed)
@@ -226,6 +228,29 @@ def cmd_bench(args) -> None:
     print((Path(args.out) / "bench.md").read_text())
     print(f"results in {args.out}/: bench.json, bench.md, runs.jsonl, *.png "
           f"({results['duration_s'] / 60:.1f} min)", file=sys.stderr)
+
+
+def _bench_tracing(args, draft: str, target: str, prompts: list[str]) -> None:
+    """`tandem bench --tracing-overhead`: a traced local cluster exporting to a receiver here."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.redis_server import free_port
+    from tandem.bench import tracing_cost
+    from tandem.bench.otlp import OTLPReceiver
+    from tandem.local import LocalCluster
+
+    receiver = OTLPReceiver()
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint  # read by every process started below
+    ids = [AutoTokenizer.from_pretrained(target).encode(p) for p in prompts]
+    try:
+        with LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads, echo=False) as cluster:
+            result, example = tracing_cost.measure(cluster.address, ids, args.max_tokens, args.seed, receiver)
+    finally:
+        receiver.stop()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tracing_cost.write(result, example, out)
+    print((out / "tracing_overhead.md").read_text())
 
 
 # --- argument parsing ------------------------------------------------------------------------
@@ -313,6 +338,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--tracing-overhead", action="store_true",
+                       help="instead: tracing at full sampling against sampled out (greedy, gamma 3)")
     bench.add_argument("--out", default=str(PROJECT_ROOT / "benchmarks" / "results"))
     bench.set_defaults(func=cmd_bench)
 

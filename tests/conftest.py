@@ -2,7 +2,6 @@
 real worker processes, and one Ray Serve session for the whole test run."""
 
 import os
-import threading
 
 import pytest
 import torch
@@ -67,48 +66,14 @@ def redis_url():
         yield server.url
 
 
-class OTLPReceiver:
-    """An OTLP/gRPC trace service on 127.0.0.1 that keeps every span sent to it, by service."""
-
-    def __init__(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        import grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-
-        self.spans: list[tuple[str, object]] = []  # (service.name, opentelemetry.proto Span)
-        self._lock = threading.Lock()
-        receiver = self
-
-        class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-            def Export(self, request, context):
-                with receiver._lock:
-                    for resource_spans in request.resource_spans:
-                        service = next((a.value.string_value for a in resource_spans.resource.attributes
-                                        if a.key == "service.name"), "")
-                        for scope_spans in resource_spans.scope_spans:
-                            receiver.spans.extend((service, span) for span in scope_spans.spans)
-                return trace_service_pb2.ExportTraceServiceResponse()
-
-        self.server = grpc.server(ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(), self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-
-    def trace(self, trace_id: bytes) -> list[tuple[str, object]]:
-        with self._lock:
-            return [(service, span) for service, span in self.spans if span.trace_id == trace_id]
-
-    def stop(self) -> None:
-        self.server.stop(grace=None)
-
-
 @pytest.fixture(scope="session")
 def otlp():
     """Every tandem process of the test run (workers, Ray Serve's replica) exports its spans
     here, through the standard OTEL_* variables, set before any of them starts."""
+    from tandem.bench.otlp import OTLPReceiver
+
     receiver = OTLPReceiver()
-    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{receiver.port}"
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = "100"  # milliseconds: spans arrive soon after a request
     yield receiver
     receiver.stop()

@@ -99,9 +99,39 @@ def test_without_a_caller_trace_a_request_is_its_own_trace(cluster, otlp, pair):
     request = None
     while request is None and time.monotonic() < deadline:
         time.sleep(0.1)
-        with otlp._lock:
+        with otlp.lock:
             request = next((sp for _, sp in otlp.spans if sp.name.startswith("text_completion")
                             and attributes(sp).get("gen_ai.response.id") == result.session_id), None)
     assert request is not None and request.parent_span_id == b""
     spans = collect(otlp, request.trace_id, result.stats.cycles)
     assert {service for service, _ in spans} == SERVICES
+
+
+def test_tracing_cost_harness_compares_sampled_and_sampled_out_requests(cluster, otlp, pair, tmp_path):
+    from tandem.bench import tracing_cost
+
+    prompts = pair["prompts"][8:10]
+    result, example = tracing_cost.measure(cluster["address"], prompts, 6, 0, otlp, progress=False, gamma=2)
+    assert result["identical_outputs"] == 2  # tracing never changes what is generated
+    assert result["cycle_split"]["traced"]["total_ms"] > 0 and result["spans_exported_per_traced_request"] > 0
+    assert {service for service, _ in example} == SERVICES  # a sampled caller: all three services export
+    tracing_cost.write(result, example, tmp_path)
+    assert {"tracing_overhead.json", "tracing_overhead.md", "tracing_overhead.png", "trace_timeline.png"} <= {
+        p.name for p in tmp_path.iterdir()}
+
+
+def test_a_sampled_out_caller_gets_no_spans_from_any_service(cluster, otlp, pair):
+    from opentelemetry import context, trace
+
+    from tandem.bench.tracing_cost import caller_context
+
+    caller = caller_context(sampled=False)
+    token = context.attach(caller)
+    try:
+        with tandem.Client(cluster["address"], timeout_s=120) as client:
+            client.generate(prompt_token_ids=pair["prompts"][11], max_tokens=6, temperature=0, gamma=2)
+    finally:
+        context.detach(token)
+    time.sleep(1.5)  # ten export intervals of the test's batch processors
+    trace_id = trace.get_current_span(caller).get_span_context().trace_id.to_bytes(16, "big")
+    assert otlp.trace(trace_id) == []
