@@ -135,3 +135,39 @@ def test_a_sampled_out_caller_gets_no_spans_from_any_service(cluster, otlp, pair
     time.sleep(1.5)  # ten export intervals of the test's batch processors
     trace_id = trace.get_current_span(caller).get_span_context().trace_id.to_bytes(16, "big")
     assert otlp.trace(trace_id) == []
+
+
+@pytest.mark.parametrize("env, on", [
+    ({}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_SDK_DISABLED": "true"}, False),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_TRACES_EXPORTER": "none"}, False),
+], ids=["no endpoint", "endpoint", "traces endpoint", "sdk disabled", "exporter none"])
+def test_tracing_is_on_only_when_the_environment_asks(monkeypatch, env, on):
+    from tandem import tracing
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED",
+                 "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert tracing.enabled() is on
+
+
+def test_metadata_carries_the_current_span_as_traceparent():
+    from opentelemetry import context, trace
+
+    from tandem import tracing
+    from tandem.bench.tracing_cost import caller_context
+
+    assert tracing.metadata() == ()  # no current span: nothing to send
+    caller = caller_context(sampled=True)
+    token = context.attach(caller)
+    try:
+        [(key, value)] = tracing.metadata()
+    finally:
+        context.detach(token)
+    span_context = trace.get_current_span(caller).get_span_context()
+    assert key == "traceparent" and value == f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-01"
+    assert trace.get_current_span(tracing.extract([(key, value)])).get_span_context().trace_id == span_context.trace_id
