@@ -13,7 +13,6 @@ Ray is on the ingress path only: one Serve call per request, never one per cycle
 
 import asyncio
 import logging
-import time
 import uuid
 from pathlib import Path
 
@@ -93,7 +92,7 @@ class GenerationService:
         )
 
     async def _chunks(self, request, grpc_context):
-        arrived = last = time.perf_counter()
+        clock = metrics.RequestClock()
         # Started, not made current: this generator's context does not survive its yields.
         span = tracing.tracer.start_span("text_completion", kind=SpanKind.SERVER,
                                          context=tracing.extract(grpc_context.invocation_metadata()),
@@ -110,11 +109,7 @@ class GenerationService:
         try:
             async for out in self.loop.run(session, trace.set_span_in_context(span)):
                 metrics.observe_cycle(session.stats.per_cycle[-1])
-                now = time.perf_counter()
-                metrics.observe_tokens(now - last, len(out.tokens), first=last == arrived)
-                last = now
-                if out.finished:
-                    metrics.observe_request(now - arrived, session.finish_reason)
+                clock.delivered(len(out.tokens), session.finish_reason if out.finished else "")
                 text = detok.push(out.tokens, final=out.finished)
                 last = out.finished
                 yield codec.Chunk(session.session_id, out.tokens, text,

@@ -2,6 +2,8 @@
 under a `tandem:` prefix (counters are exposed with prometheus_client's `_total` suffix, as
 vLLM's are). Served over HTTP by `serve(port)` from the Ray Serve replica's process."""
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from tandem.codec import CycleStats
@@ -51,13 +53,20 @@ def observe_cycle(c: CycleStats) -> None:
         cycle_part.labels(part=part).observe(getattr(c, f"{part}_ms") / 1e3)
 
 
-def observe_tokens(wait_s: float, tokens: int, first: bool) -> None:
-    """A cycle's tokens reached the client after wait_s (since the request, for the first)."""
-    (time_to_first_token if first else inter_token_latency).observe(wait_s)
-    for _ in range(tokens - 1):
-        inter_token_latency.observe(0.0)
+class RequestClock:
+    """Times one request's deliveries: time to first token, inter-token latency, end to end."""
 
+    def __init__(self) -> None:
+        self.arrived = self.previous = time.perf_counter()
+        self.first = True
 
-def observe_request(elapsed_s: float, finish_reason: str) -> None:
-    e2e_request_latency.observe(elapsed_s)
-    request_success.labels(finished_reason=finish_reason).inc()
+    def delivered(self, tokens: int, finish_reason: str = "") -> None:
+        """A cycle's tokens go to the client; the last delivery carries the finish reason."""
+        now = time.perf_counter()
+        (time_to_first_token if self.first else inter_token_latency).observe(now - self.previous)
+        for _ in range(tokens - 1):  # the rest of a cycle's burst arrives at once
+            inter_token_latency.observe(0.0)
+        self.first, self.previous = False, now
+        if finish_reason:
+            e2e_request_latency.observe(now - self.arrived)
+            request_success.labels(finished_reason=finish_reason).inc()

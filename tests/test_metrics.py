@@ -60,6 +60,10 @@ def test_orchestrator_counters_follow_a_known_generation(cluster, pair):
     assert delta("tandem:time_to_first_token_seconds_count") == 1
     assert delta("tandem:inter_token_latency_seconds_count") == len(result.token_ids) - 1
     assert delta("tandem:e2e_request_latency_seconds_count") == 1
+    # The waits add up: first token plus the later ones is the request's whole latency.
+    waits = delta("tandem:time_to_first_token_seconds_sum") + delta("tandem:inter_token_latency_seconds_sum")
+    assert waits == pytest.approx(delta("tandem:e2e_request_latency_seconds_sum"), rel=1e-6)
+    assert 0 < delta("tandem:e2e_request_latency_seconds_sum") < 120
     assert delta("tandem:request_success_total", finished_reason=result.finish_reason) == 1
 
 
