@@ -61,12 +61,12 @@ class _WorkerClient:
     def _span(self, rpc: str, parent: Context | None):
         """A client span for one call, child of `parent`; yields it and the metadata to send."""
         service = self.stub_class.__name__.removesuffix("Stub")
-        with tracing.tracer.start_as_current_span(
-            f"tandem.v1.{service}/{rpc}", context=parent, kind=SpanKind.CLIENT,
+        with tracing.span(
+            f"tandem.v1.{service}/{rpc}", parent, kind=SpanKind.CLIENT,
             attributes={"rpc.system": "grpc", "rpc.service": f"tandem.v1.{service}", "rpc.method": rpc,
                         "server.address": self.address},
         ) as span:
-            yield span, tracing.metadata()
+            yield span, tracing.metadata() if span.get_span_context().is_valid else ()
 
 
 class DraftClient(_WorkerClient):

@@ -93,8 +93,8 @@ class SpeculativeLoop:
         and start its first worker call: the draft, or the verify when γ = 0."""
         wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
         gamma = max(0, min(wanted, s.max_tokens - s.generated - 1))
-        span = tracing.tracer.start_span("cycle", context=parent,
-                                         attributes={"tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma})
+        span = tracing.start_span("cycle", parent,
+                                  attributes={"tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma})
         here = trace.set_span_in_context(span, parent)
         call = self._propose(s, gamma, here) if gamma else self._verify(s, None, here)
         return _FirstCall(gamma, time.perf_counter(), asyncio.ensure_future(call), span)
@@ -149,8 +149,8 @@ class SpeculativeLoop:
     async def _commit(self, s: Session, new: list[int], parent: Context) -> float:
         """Append the cycle's tokens and the session's state in one transaction → milliseconds."""
         start = time.perf_counter()
-        with tracing.tracer.start_as_current_span("redis commit", context=parent, kind=SpanKind.CLIENT,
-                                                  attributes={"db.system": "redis", "db.operation.name": "MULTI"}):
+        with tracing.span("redis commit", parent, kind=SpanKind.CLIENT,
+                          attributes={"db.system": "redis", "db.operation.name": "MULTI"}):
             await self.store.commit(
                 s.session_id, new, s.cycle, s.policy.to_dict(),
                 {"draft": s.draft_cache_len, "target": s.target_cache_len}, s.finish_reason or "running",

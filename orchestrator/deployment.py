@@ -94,10 +94,9 @@ class GenerationService:
     async def _chunks(self, request, grpc_context):
         clock = metrics.RequestClock()
         # Started, not made current: this generator's context does not survive its yields.
-        span = tracing.tracer.start_span("text_completion", kind=SpanKind.SERVER,
-                                         context=tracing.extract(grpc_context.invocation_metadata()),
-                                         attributes={"gen_ai.operation.name": "text_completion",
-                                                     "gen_ai.system": "tandem"})
+        span = tracing.start_span("text_completion", tracing.extract(grpc_context.invocation_metadata()),
+                                  kind=SpanKind.SERVER,
+                                  attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem"})
         try:
             session = await self._start(request, grpc_context)
         except BaseException as e:

@@ -74,8 +74,8 @@ class WorkerServicer:
     async def answer(self, context, rpc: str, request, work):
         """Await work() in a server span (child of the caller's, from the metadata); a
         FieldError becomes its status code, anything else INTERNAL."""
-        with tracing.tracer.start_as_current_span(
-            f"{self.service}/{rpc}", context=tracing.extract(context.invocation_metadata()), kind=SpanKind.SERVER,
+        with tracing.span(
+            f"{self.service}/{rpc}", tracing.extract(context.invocation_metadata()), kind=SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.service": self.service, "rpc.method": rpc, **_describe(request)},
             record_exception=False, set_status_on_exception=False,
         ) as span:

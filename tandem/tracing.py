@@ -8,12 +8,13 @@ Off unless an OTLP endpoint is set (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
 own ("tandem-orchestrator", "tandem-draft-worker", "tandem-target-verifier"). Context travels
 as W3C `traceparent` in gRPC metadata (`OTEL_PROPAGATORS` can change the format).
 
-Spans are made against the API either way; with tracing off they are non-recording and cost
-next to nothing.
+A process that has not set tracing up makes no spans at all: `start_span` and `span` hand out
+the invalid span, so the per-cycle path pays nothing when tracing is off.
 """
 
 import logging
 import os
+from contextlib import contextmanager
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -52,6 +53,21 @@ def setup(service_name: str) -> bool:
     trace.set_tracer_provider(provider)
     _configured = True
     return True
+
+
+def start_span(name: str, parent: Context | None = None, **kwargs) -> trace.Span:
+    """A started span when this process traces (end it yourself), else the invalid span."""
+    return tracer.start_span(name, context=parent, **kwargs) if _configured else trace.INVALID_SPAN
+
+
+@contextmanager
+def span(name: str, parent: Context | None = None, **kwargs):
+    """A current span for a `with` block when this process traces, else the invalid span."""
+    if not _configured:
+        yield trace.INVALID_SPAN
+        return
+    with tracer.start_as_current_span(name, context=parent, **kwargs) as current:
+        yield current
 
 
 def shutdown() -> None:

@@ -125,6 +125,9 @@ def test_a_sampled_out_caller_gets_no_spans_from_any_service(cluster, otlp, pair
 
     from tandem.bench.tracing_cost import caller_context
 
+    time.sleep(1.5)  # ten export intervals of the test's batch processors: earlier spans are in
+    with otlp.lock:
+        before = len(otlp.spans)
     caller = caller_context(sampled=False)
     token = context.attach(caller)
     try:
@@ -132,9 +135,11 @@ def test_a_sampled_out_caller_gets_no_spans_from_any_service(cluster, otlp, pair
             client.generate(prompt_token_ids=pair["prompts"][11], max_tokens=6, temperature=0, gamma=2)
     finally:
         context.detach(token)
-    time.sleep(1.5)  # ten export intervals of the test's batch processors
-    trace_id = trace.get_current_span(caller).get_span_context().trace_id.to_bytes(16, "big")
-    assert otlp.trace(trace_id) == []
+    time.sleep(1.5)
+    # Not under the caller's trace, and no orphan spans elsewhere: every service honoured the flag.
+    with otlp.lock:
+        assert otlp.spans[before:] == []
+    assert otlp.trace(trace.get_current_span(caller).get_span_context().trace_id.to_bytes(16, "big")) == []
 
 
 @pytest.mark.parametrize("env, on", [
