@@ -143,7 +143,7 @@ class SpeculativeLoop:
             raise
         finally:
             call.span.end()
-        _count(s.stats, record)
+        s.stats.per_cycle.append(record)
         return CycleOutput(new, bool(s.finish_reason)), following
 
     async def _commit(self, s: Session, new: list[int], parent: Context) -> float:
@@ -217,16 +217,3 @@ def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
         verify_transport_ms=max(0.0, verify.wall_ms - c.verify_ms),
         overhead_ms=c.orchestration_ms,  # the Redis commit overlaps the next cycle's first call
     )
-
-
-def _count(stats: Stats, c: CycleStats) -> None:
-    stats.cycles += 1
-    stats.drafted_tokens += c.gamma
-    stats.accepted_tokens += c.accepted
-    stats.verified_tokens += min(c.accepted + 1, c.gamma)
-    stats.draft_ms += c.draft_ms
-    stats.verify_ms += c.verify_ms
-    stats.transport_ms += c.transport_ms
-    stats.redis_ms += c.redis_ms
-    stats.orchestration_ms += c.orchestration_ms
-    stats.per_cycle.append(c)

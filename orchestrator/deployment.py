@@ -104,9 +104,10 @@ class GenerationService:
             span.end()
             raise
         _describe(span, session, self.model)
+        here = trace.set_span_in_context(span)
         detok = IncrementalDetokenizer(self.tokenizer)
         try:
-            async for out in self.loop.run(session, trace.set_span_in_context(span)):
+            async for out in self.loop.run(session, here):
                 metrics.observe_cycle(session.stats.per_cycle[-1])
                 clock.delivered(len(out.tokens), session.finish_reason if out.finished else "")
                 text = detok.push(out.tokens, final=out.finished)
@@ -122,7 +123,7 @@ class GenerationService:
         finally:
             if session.policy.n:
                 self._policy_template = session.policy
-            await self._release(session.session_id, trace.set_span_in_context(span))
+            await self._release(session.session_id, here)
             _conclude(span, session)
             span.end()
 

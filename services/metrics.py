@@ -18,6 +18,6 @@ cache_misses = Counter("tandem:worker_cache_misses", "Calls for a session the wo
 def serve(port: int, runtime) -> None:
     """Expose the metrics on http://0.0.0.0:port/metrics (a daemon thread); the gauges read the
     runtime at each scrape."""
-    sessions.set_function(lambda: runtime.usage()[0])
-    kv_cache_bytes.set_function(lambda: runtime.usage()[1])
+    sessions.set_function(lambda: runtime.num_sessions)
+    kv_cache_bytes.set_function(lambda: runtime.cache_bytes)
     start_http_server(port, registry=REGISTRY)

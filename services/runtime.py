@@ -70,20 +70,19 @@ class ModelRuntime:
         )
         self.max_cache_bytes = max_cache_bytes
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
-        self._lock = threading.Lock()  # guards the session table against Release from the loop
+        # Guards the session table against Release from the loop and scrapes from the metrics
+        # thread; re-entrant because eviction reads cache_bytes while holding it.
+        self._lock = threading.RLock()
 
     @property
     def cache_bytes(self) -> int:
-        return sum(s.nbytes for s in self._sessions.values())
+        with self._lock:  # metrics read it from their own thread
+            return sum(s.nbytes for s in self._sessions.values())
 
     @property
     def num_sessions(self) -> int:
-        return len(self._sessions)
-
-    def usage(self) -> tuple[int, int]:
-        """(sessions held, KV-cache bytes), safe to call from any thread."""
         with self._lock:
-            return len(self._sessions), sum(s.nbytes for s in self._sessions.values())
+            return len(self._sessions)
 
     def extend(self, session_id: str, cache_len: int, tokens: list[int]) -> torch.Tensor:
         """Crop the session's cache to cache_len, run tokens through it → logits [len(tokens), V].

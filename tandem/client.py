@@ -23,27 +23,15 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
-class GenerationStats:
-    """How a generation went. α = accepted / verified; mean acceptance length = output tokens
-    per cycle (bonus included); draft efficiency = accepted / drafted."""
+class GenerationStats(codec.CycleTotals):
+    """How a generation went, cycle by cycle in `per_cycle` (γ, accepted, output tokens, time
+    split, bytes), with the totals derived from it. α = accepted / verified; mean acceptance
+    length = output tokens per cycle (bonus included); draft efficiency = accepted / drafted."""
 
-    cycles: int
-    drafted_tokens: int
-    accepted_tokens: int
-    verified_tokens: int
     generated_tokens: int
     elapsed_s: float
     ttft_s: float
-    draft_ms: float
-    verify_ms: float
-    transport_ms: float
-    redis_ms: float
-    orchestration_ms: float
-    per_cycle: list[codec.CycleStats]  # every cycle: γ, accepted, output tokens, time split, bytes
-
-    @property
-    def gammas(self) -> list[int]:
-        return [c.gamma for c in self.per_cycle]
+    per_cycle: list[codec.CycleStats]
 
     @property
     def acceptance_rate(self) -> float:
@@ -63,9 +51,7 @@ class GenerationStats:
 
     @classmethod
     def from_stats(cls, s: codec.Stats, generated: int) -> "GenerationStats":
-        return cls(s.cycles, s.drafted_tokens, s.accepted_tokens, s.verified_tokens, generated,
-                   s.elapsed_s, s.ttft_s, s.draft_ms, s.verify_ms, s.transport_ms, s.redis_ms,
-                   s.orchestration_ms, list(s.per_cycle))
+        return cls(generated, s.elapsed_s, s.ttft_s, list(s.per_cycle))
 
     def summary(self) -> str:
         return (f"{self.generated_tokens} tokens in {self.elapsed_s:.2f} s "

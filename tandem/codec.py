@@ -235,33 +235,54 @@ class CycleStats:
     wire_bytes: int = 0
 
 
-@dataclass
-class Stats:
-    """Counters and timings of one generation (GenerationStats on the wire)."""
+def _total(field_name: str, doc: str) -> property:
+    return property(lambda self: sum(getattr(c, field_name) for c in self.per_cycle), doc=doc)
 
-    cycles: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    verified_tokens: int = 0
+
+class CycleTotals:
+    """Totals over `self.per_cycle`: what a generation's stats derive rather than store."""
+
+    per_cycle: list[CycleStats]
+
+    drafted_tokens = _total("gamma", "Tokens the draft proposed.")
+    accepted_tokens = _total("accepted", "Drafted tokens the target accepted.")
+    draft_ms = _total("draft_ms", "Draft compute, summed.")
+    verify_ms = _total("verify_ms", "Verify compute, summed.")
+    transport_ms = _total("transport_ms", "gRPC transport and serialization, summed.")
+    redis_ms = _total("redis_ms", "Redis commits, summed (each overlaps the next cycle's first call).")
+    orchestration_ms = _total("orchestration_ms", "The rest of the cycles, summed.")
+
+    @property
+    def cycles(self) -> int:
+        return len(self.per_cycle)
+
+    @property
+    def verified_tokens(self) -> int:
+        """Accepted plus the one rejected token of each cycle that rejected."""
+        return sum(min(c.accepted + 1, c.gamma) for c in self.per_cycle)
+
+    @property
+    def gammas(self) -> list[int]:
+        return [c.gamma for c in self.per_cycle]
+
+
+@dataclass
+class Stats(CycleTotals):
+    """Timings and cycles of one generation (GenerationStats on the wire)."""
+
     elapsed_s: float = 0.0
-    draft_ms: float = 0.0
-    verify_ms: float = 0.0
-    transport_ms: float = 0.0
-    redis_ms: float = 0.0
-    orchestration_ms: float = 0.0
     ttft_s: float = 0.0
     per_cycle: list[CycleStats] = field(default_factory=list)
 
 
 def stats_to_pb(stats: Stats) -> generation_pb2.GenerationStats:
     per_cycle = [generation_pb2.CycleStats(**vars(c)) for c in stats.per_cycle]
-    return generation_pb2.GenerationStats(**(vars(stats) | {"per_cycle": per_cycle}))
+    return generation_pb2.GenerationStats(elapsed_s=stats.elapsed_s, ttft_s=stats.ttft_s, per_cycle=per_cycle)
 
 
 def stats_from_pb(msg: generation_pb2.GenerationStats) -> Stats:
     per_cycle = [CycleStats(**{f: getattr(c, f) for f in vars(CycleStats())}) for c in msg.per_cycle]
-    totals = {f: getattr(msg, f) for f in vars(Stats()) if f != "per_cycle"}
-    return Stats(**totals, per_cycle=per_cycle)
+    return Stats(msg.elapsed_s, msg.ttft_s, per_cycle)
 
 
 @dataclass

@@ -62,6 +62,7 @@ class LocalCluster:
         self.metrics_ports = {k: metrics_port + i if metrics_port else 0
                               for i, k in enumerate(("orchestrator", "draft", "target"))}
         self.workers: dict[str, subprocess.Popen] = {}
+        self.addresses: dict[str, str] = {}  # worker addresses by kind, once started
         self._redis = None
         self._ingress = False
 
@@ -79,7 +80,7 @@ class LocalCluster:
                 self._redis = EmbeddedRedis()
                 self.redis_url = self._redis.url
                 self._say(f"redis (embedded) listening on {self.redis_url}")
-            self.addresses = addresses = {}
+            addresses = self.addresses
             for kind, model in (("draft", self.draft_model), ("target", self.target_model)):
                 proc, addresses[kind] = spawn_worker(kind, model, self.host, self.threads, self.device,
                                                      self.dtype, self.echo, self.metrics_ports[kind])

@@ -27,32 +27,14 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., gamma: _Optional[int] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("cycles", "drafted_tokens", "accepted_tokens", "verified_tokens", "elapsed_s", "draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms", "ttft_s", "per_cycle")
-    CYCLES_FIELD_NUMBER: _ClassVar[int]
-    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    VERIFIED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("elapsed_s", "ttft_s", "per_cycle")
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
-    VERIFY_MS_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORT_MS_FIELD_NUMBER: _ClassVar[int]
-    REDIS_MS_FIELD_NUMBER: _ClassVar[int]
-    ORCHESTRATION_MS_FIELD_NUMBER: _ClassVar[int]
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
     PER_CYCLE_FIELD_NUMBER: _ClassVar[int]
-    cycles: int
-    drafted_tokens: int
-    accepted_tokens: int
-    verified_tokens: int
     elapsed_s: float
-    draft_ms: float
-    verify_ms: float
-    transport_ms: float
-    redis_ms: float
-    orchestration_ms: float
     ttft_s: float
     per_cycle: _containers.RepeatedCompositeFieldContainer[CycleStats]
-    def __init__(self, cycles: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., verified_tokens: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., orchestration_ms: _Optional[float] = ..., ttft_s: _Optional[float] = ..., per_cycle: _Optional[_Iterable[_Union[CycleStats, _Mapping]]] = ...) -> None: ...
+    def __init__(self, elapsed_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., per_cycle: _Optional[_Iterable[_Union[CycleStats, _Mapping]]] = ...) -> None: ...
 
 class CycleStats(_message.Message):
     __slots__ = ("gamma", "accepted", "output_tokens", "start_ms", "draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms", "wire_bytes")
