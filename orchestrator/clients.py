@@ -1,7 +1,13 @@
 """Persistent grpc.aio clients of the workers. Each call returns a `Reply`: the decoded answer
 (None on a cache miss), its wall time, so the loop can tell transport from compute, and the
-protobuf bytes it moved."""
+protobuf bytes it moved.
 
+Propose and Verify travel on one stream per session (ProposeStream, VerifyStream): a message
+on an open stream costs about 0.7 ms less than a unary call here. A session has one call in
+flight per worker at a time; a call that fails or is cancelled half-way drops its stream, whose
+unread answer must not reach the next call. `release` ends the session's streams."""
+
+import asyncio
 import time
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -27,65 +33,120 @@ class Reply(NamedTuple):
     wire_bytes: int  # request plus response payload
 
 
+class _SessionStream:
+    """One session's open stream to a worker; the lock keeps its calls one at a time."""
+
+    def __init__(self, call) -> None:
+        self.call = call
+        self.lock = asyncio.Lock()
+
+
 class _WorkerClient:
     stub_class = None
+    stream_rpc = ""  # the stub's stream method: "ProposeStream" or "VerifyStream"
 
     def __init__(self, address: str, timeout_s: float = 30.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
         self.stub = self.stub_class(self.channel)
+        self._streams: dict[str, _SessionStream] = {}
 
     async def describe(self) -> codec.ModelInfo:
         msg = await self.stub.Describe(codec.describe_request(), timeout=self.timeout_s, wait_for_ready=True)
         return codec.model_info_from_pb(msg)
 
     async def release(self, session_id: str, parent: Context | None = None) -> bool:
+        await self.end_stream(session_id)
         with self._span("Release", parent) as (_, metadata):
             msg = await self.stub.Release(codec.release_request(session_id), timeout=self.timeout_s,
                                           metadata=metadata)
             return msg.released
 
+    async def end_stream(self, session_id: str) -> None:
+        """Close the session's stream, after the call in flight on it (if any) is answered."""
+        stream = self._streams.pop(session_id, None)
+        if stream:
+            async with stream.lock:
+                await stream.call.done_writing()
+
     async def close(self) -> None:
         await self.channel.close()
 
-    async def _call(self, rpc: str, request, decode, parent: Context | None) -> Reply:
-        with self._span(rpc, parent) as (span, metadata):
+    async def _call(self, rpc: str, encode, decode, session_id: str, parent: Context | None,
+                    attributes: dict | None = None) -> Reply:
+        """encode(trace_context) → the request; send it on the session's stream, in a client span."""
+        with self._span(rpc, parent, attributes) as (span, metadata):
+            request = encode(dict(metadata))
             start = time.perf_counter()
-            msg = await getattr(self.stub, rpc)(request, timeout=self.timeout_s, metadata=metadata)
+            msg = await self._exchange(session_id, request)
             reply = Reply(decode(msg), (time.perf_counter() - start) * 1e3, request.ByteSize() + msg.ByteSize())
             span.set_attribute("tandem.wire_bytes", reply.wire_bytes)
             return reply
 
+    async def _exchange(self, session_id: str, request):
+        """Write the request on the session's stream (opened on first use) and read its answer."""
+        stream = self._streams.get(session_id)
+        if stream is None:
+            stream = self._streams[session_id] = _SessionStream(getattr(self.stub, self.stream_rpc)())
+        async with stream.lock:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await stream.call.write(request)
+                    msg = await stream.call.read()
+            except BaseException as e:
+                self._drop(session_id, stream)
+                if isinstance(e, TimeoutError):
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
+                                               f"no answer in {self.timeout_s} s") from None
+                raise
+            if msg is grpc.aio.EOF:  # the worker ended the stream without a status
+                self._drop(session_id, stream)
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the stream")
+            return msg
+
+    def _drop(self, session_id: str, stream: _SessionStream) -> None:
+        if self._streams.get(session_id) is stream:
+            del self._streams[session_id]
+        stream.call.cancel()
+
     @contextmanager
-    def _span(self, rpc: str, parent: Context | None):
+    def _span(self, rpc: str, parent: Context | None, attributes: dict | None = None):
         """A client span for one call, child of `parent`; yields it and the metadata to send."""
         service = self.stub_class.__name__.removesuffix("Stub")
         with tracing.span(
             f"tandem.v1.{service}/{rpc}", parent, kind=SpanKind.CLIENT,
             attributes={"rpc.system": "grpc", "rpc.service": f"tandem.v1.{service}", "rpc.method": rpc,
-                        "server.address": self.address},
+                        "server.address": self.address, **(attributes or {})},
         ) as span:
             yield span, tracing.metadata() if span.get_span_context().is_valid else ()
 
 
 class DraftClient(_WorkerClient):
     stub_class = worker_pb2_grpc.DraftWorkerStub
+    stream_rpc = "ProposeStream"
 
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-        parent: Context | None = None,
+        parent: Context | None = None, ahead: bool = False,
     ) -> Reply:
-        request = codec.propose_request(session_id, cache_len, tokens, gamma, params)
-        return await self._call("Propose", request, codec.proposal_from_pb, parent)
+        """ahead: a draft past the block under verification (marked on its span)."""
+        def encode(trace_context):
+            return codec.propose_request(session_id, cache_len, tokens, gamma, params, trace_context)
+
+        attributes = {"tandem.draft_ahead": True} if ahead else None
+        return await self._call("Propose", encode, codec.proposal_from_pb, session_id, parent, attributes)
 
 
 class VerifierClient(_WorkerClient):
     stub_class = worker_pb2_grpc.TargetVerifierStub
+    stream_rpc = "VerifyStream"
 
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: codec.Proposal | None,
         params: SamplingParams, parent: Context | None = None,
     ) -> Reply:
-        request = codec.verify_request(session_id, cache_len, tokens, proposal, params)
-        return await self._call("Verify", request, codec.verification_from_pb, parent)
+        def encode(trace_context):
+            return codec.verify_request(session_id, cache_len, tokens, proposal, params, trace_context)
+
+        return await self._call("Verify", encode, codec.verification_from_pb, session_id, parent)

@@ -17,6 +17,7 @@ class OrchestratorConfig:
     worker_timeout_s: float = 30.0
     app_name: str = "tandem"
     metrics_port: int = 0  # Prometheus metrics of the replica's process; 0: none
+    draft_ahead: bool = True  # draft past each block while the target verifies it (cycle.py)
 
     def __post_init__(self) -> None:
         for name in ("draft_address", "target_address"):

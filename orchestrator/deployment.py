@@ -58,7 +58,8 @@ class GenerationService:
         draft_info, target_info = await asyncio.gather(self.draft.describe(), self.target.describe())
         self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
                                 self.config.max_tokens_cap, self.config.default_max_tokens)
-        self.loop = SpeculativeLoop(self.draft, self.target, self.store, target_info.eos_token_ids)
+        self.loop = SpeculativeLoop(self.draft, self.target, self.store, target_info.eos_token_ids,
+                                    draft_ahead=self.config.draft_ahead)
         self.model = Path(target_info.model).name  # gen_ai.request.model: the target's name
         log.info("connected: draft %s, target %s", draft_info.model, target_info.model)
 

@@ -42,7 +42,8 @@ class CycleCosts:
     draft_transport_ms: float
     verify_compute_ms: float
     verify_transport_ms: float
-    overhead_ms: float  # Redis and orchestration
+    overhead_ms: float  # orchestration (the Redis commit is overlapped)
+    drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
 
 
 @dataclass
@@ -105,6 +106,7 @@ class GammaPolicy:
             verified = min(c.accepted + 1, c.gamma)  # a rejected token was verified too
             self.accepted = self.decay * self.accepted + c.accepted
             self.verified = self.decay * self.verified + verified
+        if c.gamma and not c.drafted_ahead:
             self.draft_ms_per_token = self._ewma(self.draft_ms_per_token, c.draft_compute_ms / c.gamma)
             self.draft_transport_ms = self._ewma(self.draft_transport_ms, c.draft_transport_ms)
         self.verify_transport_ms = self._ewma(self.verify_transport_ms, c.verify_transport_ms)

@@ -5,7 +5,9 @@ Per session two keys, both with a TTL:
   assignment and the workers' cache lengths, status;
 - `tandem:session:{id}:tokens` (string): the committed sequence, prompt first, as
   little-endian int32, only ever APPENDed.
-Each cycle commits in one MULTI/EXEC pipeline, before the client sees its tokens.
+Each cycle commits in one server-side script (atomic like MULTI/EXEC, but one command and
+one reply: the per-cycle client cost is a third of a six-command transaction's), before the
+client sees its tokens.
 """
 
 import json
@@ -21,6 +23,16 @@ def _meta_key(session_id: str) -> str:
 
 def _tokens_key(session_id: str) -> str:
     return f"tandem:session:{session_id}:tokens"
+
+
+# KEYS: the tokens key, the meta key. ARGV: the packed tokens, the TTL, then field/value pairs.
+_COMMIT = """
+redis.call('APPEND', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
 
 
 def _pack(tokens: list[int]) -> bytes:
@@ -46,6 +58,7 @@ class SessionStore:
     def __init__(self, client: aioredis.Redis, ttl_s: int = 3600) -> None:
         self.redis = client
         self.ttl_s = ttl_s
+        self._commit = client.register_script(_COMMIT)  # EVALSHA, loading the script when needed
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int = 3600) -> "SessionStore":
@@ -72,15 +85,11 @@ class SessionStore:
         status: str,
     ) -> None:
         """Append one cycle's output tokens and its state, atomically."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.append(_tokens_key(session_id), _pack(new_tokens))
-            pipe.hset(
-                _meta_key(session_id),
-                mapping={"cycle": cycle, "policy": json.dumps(policy),
-                         "cache_lens": json.dumps(cache_lens), "status": status},
-            )
-            self._expire(pipe, session_id)
-            await pipe.execute()
+        await self._commit(
+            keys=[_tokens_key(session_id), _meta_key(session_id)],
+            args=[_pack(new_tokens), self.ttl_s, "cycle", cycle, "policy", json.dumps(policy),
+                  "cache_lens", json.dumps(cache_lens), "status", status],
+        )
 
     async def load(self, session_id: str) -> SessionRecord | None:
         async with self.redis.pipeline(transaction=True) as pipe:

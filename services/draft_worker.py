@@ -60,6 +60,10 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
 
         return codec.propose_response(await self.answer(context, "Propose", request, work))
 
+    async def ProposeStream(self, requests, context):
+        async for request in requests:
+            yield await self.Propose(request, context)
+
 
 def add_to_server(runtime: ModelRuntime, server) -> None:
     worker_pb2_grpc.add_DraftWorkerServicer_to_server(DraftWorkerServicer(runtime), server)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services import metrics
@@ -20,6 +21,12 @@ from tandem.validation import FieldError, check_context, check_sampling, check_s
 log = logging.getLogger("tandem.worker")
 
 MAX_MESSAGE_BYTES = 64 << 20
+
+
+def _remote_parent(request, context) -> Context:
+    """The caller's span: in the request when it came on a stream, else in the call's metadata."""
+    carried = getattr(request, "trace_context", None)
+    return tracing.extract(carried if carried else context.invocation_metadata())
 
 
 def _describe(request) -> dict:
@@ -75,7 +82,7 @@ class WorkerServicer:
         """Await work() in a server span (child of the caller's, from the metadata); a
         FieldError becomes its status code, anything else INTERNAL."""
         with tracing.span(
-            f"{self.service}/{rpc}", tracing.extract(context.invocation_metadata()), kind=SpanKind.SERVER,
+            f"{self.service}/{rpc}", _remote_parent(request, context), kind=SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.service": self.service, "rpc.method": rpc, **_describe(request)},
             record_exception=False, set_status_on_exception=False,
         ) as span:

@@ -73,6 +73,10 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
 
         return codec.verify_response(await self.answer(context, "Verify", request, work))
 
+    async def VerifyStream(self, requests, context):
+        async for request in requests:
+            yield await self.Verify(request, context)
+
 
 def add_to_server(runtime: ModelRuntime, server) -> None:
     worker_pb2_grpc.add_TargetVerifierServicer_to_server(TargetVerifierServicer(runtime), server)

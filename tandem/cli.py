@@ -35,6 +35,8 @@ def cmd_worker(args) -> None:
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
+NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
+
 
 def _wait_for_signal() -> None:
     stop = threading.Event()
@@ -52,7 +54,8 @@ def cmd_up(args) -> None:
         draft_model, target_model = draft_model or default_draft, target_model or default_target
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
-                           redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port)
+                           redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port,
+                           draft_ahead=not args.no_draft_ahead)
     with cluster:
         print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
               f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)
@@ -69,7 +72,8 @@ def cmd_orchestrator(args) -> None:
     from orchestrator.config import OrchestratorConfig
 
     config = OrchestratorConfig(draft_address=args.draft, target_address=args.target, redis_url=args.redis_url,
-                                tokenizer=args.tokenizer, max_gamma=args.max_gamma, metrics_port=args.metrics_port)
+                                tokenizer=args.tokenizer, max_gamma=args.max_gamma, metrics_port=args.metrics_port,
+                                draft_ahead=not args.no_draft_ahead)
     start_ingress(config, args.grpc_port, host=args.host)
     print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)
     _wait_for_signal()
@@ -214,14 +218,15 @@ def cmd_bench(args) -> None:
         return _bench_tracing(args, draft, target, prompts)
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
-                         concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed)
+                         concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed,
+                         draft_ahead=not args.no_draft_ahead)
     if args.address:
         results = run_bench(config, args.address, args.out)
     else:
         from orchestrator.redis_server import free_port
 
         cluster = LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads,
-                               max_gamma=max(8, *gammas), echo=False)
+                               max_gamma=max(8, *gammas), echo=False, draft_ahead=not args.no_draft_ahead)
         with cluster:
             pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
             results = run_bench(config, cluster.address, args.out, pids)
@@ -269,6 +274,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="cpu")
     up.add_argument("--dtype", default="float32")
     up.add_argument("--max-gamma", type=int, default=8)
+    up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--metrics-port", type=int, default=9100,
                     help="Prometheus: the orchestrator here, the draft and target workers on the next two ports (0: off)")
     up.set_defaults(func=cmd_up)
@@ -307,6 +313,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--host", default="0.0.0.0")
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
+    orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     orch.set_defaults(func=cmd_orchestrator)
 
     check = sub.add_parser("check", help="measure a draft/target pair: vocabulary, cost, acceptance, speedup")
@@ -336,6 +343,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency-sessions", type=int, default=16, help="sessions per concurrency level")
     bench.add_argument("--threads", type=int, default=1, help="torch threads per worker and for the HF baselines")
     bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")
+    bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--tracing-overhead", action="store_true",

@@ -88,10 +88,10 @@ class Verification:
     compute_ms: float
 
 
-def propose_request(session_id, cache_len, tokens, gamma, params) -> worker_pb2.ProposeRequest:
+def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None) -> worker_pb2.ProposeRequest:
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
-        sampling=sampling_to_pb(params),
+        sampling=sampling_to_pb(params), trace_context=trace_context,
     )
 
 
@@ -116,13 +116,13 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
 
 
 def verify_request(
-    session_id, cache_len, tokens, proposal: Proposal | None, params
+    session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
         draft_tokens=proposal.draft_tokens if proposal else [],
         draft_distributions=proposal.draft_distributions if proposal else [],
-        sampling=sampling_to_pb(params),
+        sampling=sampling_to_pb(params), trace_context=trace_context,
     )
 
 
@@ -233,6 +233,8 @@ class CycleStats:
     redis_ms: float = 0.0
     orchestration_ms: float = 0.0
     wire_bytes: int = 0
+    drafted_ahead: bool = False  # the block was drafted during the last cycle's verify
+    ahead_ms: float = 0.0  # draft compute past this block, overlapped with its verify
 
 
 def _total(field_name: str, doc: str) -> property:

@@ -51,13 +51,14 @@ class LocalCluster:
 
     def __init__(self, draft_model: str, target_model: str, grpc_port: int, host: str = "127.0.0.1",
                  threads: int = 0, device: str = "cpu", dtype: str = "float32", max_gamma: int = 8,
-                 redis_url: str | None = None, echo: bool = True, metrics_port: int = 0) -> None:
+                 redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
+                 draft_ahead: bool = True) -> None:
         self.draft_model, self.target_model = draft_model, target_model
         self.grpc_port, self.host = grpc_port, host
         # Two workers on a small machine: split the cores, or they fight over threads.
         self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
         self.device, self.dtype, self.max_gamma = device, dtype, max_gamma
-        self.redis_url, self.echo = redis_url, echo
+        self.redis_url, self.echo, self.draft_ahead = redis_url, echo, draft_ahead
         # Prometheus: the orchestrator on metrics_port, the draft and target workers on the next two.
         self.metrics_ports = {k: metrics_port + i if metrics_port else 0
                               for i, k in enumerate(("orchestrator", "draft", "target"))}
@@ -89,7 +90,7 @@ class LocalCluster:
             config = OrchestratorConfig(
                 draft_address=addresses["draft"], target_address=addresses["target"], redis_url=self.redis_url,
                 tokenizer=self.target_model if has_tokenizer else None, max_gamma=self.max_gamma,
-                metrics_port=self.metrics_ports["orchestrator"],
+                metrics_port=self.metrics_ports["orchestrator"], draft_ahead=self.draft_ahead,
             )
             start_ingress(config, self.grpc_port, host=self.host)
             self._ingress = True

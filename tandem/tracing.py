@@ -84,6 +84,7 @@ def metadata(context: Context | None = None) -> tuple[tuple[str, str], ...]:
     return tuple(carrier.items())
 
 
-def extract(invocation_metadata) -> Context:
-    """The remote parent a caller sent in its gRPC metadata (an empty context if none)."""
-    return propagate.extract({key: value for key, value in invocation_metadata or ()})
+def extract(carrier) -> Context:
+    """The remote parent a caller sent (an empty context if none), from gRPC metadata (pairs)
+    or a mapping (a streamed request's trace_context)."""
+    return propagate.extract(dict(carrier or ()))

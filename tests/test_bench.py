@@ -10,9 +10,10 @@ from tandem.bench import BenchConfig, run_bench, summary
 from tandem.bench.runs import Run
 
 
-def cycle(gamma, accepted, output, draft=1.0, verify=4.0):
+def cycle(gamma, accepted, output, draft=1.0, verify=4.0, drafted_ahead=False, ahead=0.0):
     return {"gamma": gamma, "accepted": accepted, "output_tokens": output, "start_ms": 0.0, "draft_ms": draft,
-            "verify_ms": verify, "transport_ms": 0.5, "redis_ms": 0.3, "orchestration_ms": 0.2, "wire_bytes": 100}
+            "verify_ms": verify, "transport_ms": 0.5, "redis_ms": 0.3, "orchestration_ms": 0.2, "wire_bytes": 100,
+            "drafted_ahead": drafted_ahead, "ahead_ms": ahead}
 
 
 def run(mode, prompt, tokens, wall_s, cycles=None, sizes=None):
@@ -53,6 +54,13 @@ def test_cycle_split_leaves_the_overlapped_redis_commit_off_the_critical_path():
     assert split["total_ms"] == pytest.approx(2.0 + 6.0 + 0.5 + 0.2)
     assert split["redis_ms"] == 0.3 and split["wire_bytes_per_cycle"] == 100
     assert split["orchestration_share"] == pytest.approx(0.2 / 8.7)
+
+
+def test_cycle_split_counts_blocks_drafted_ahead_among_drafting_cycles():
+    cycles = [cycle(2, 2, 3, 2.0, 6.0, ahead=3.0), cycle(2, 1, 2, 0.0, 6.0, drafted_ahead=True), cycle(0, 0, 1, 0.0)]
+    split = summary.cycle_split([run("adaptive", 0, 6, 1.0, cycles)])
+    assert split["drafted_ahead_share"] == 0.5  # of the two cycles that drafted, not of all three
+    assert split["ahead_ms"] == pytest.approx(1.0)
 
 
 def test_speedups_pair_runs_by_prompt():

@@ -61,9 +61,10 @@ def test_per_cycle_stats_describe_every_cycle(client, pair):
     s, cycles = result.stats, result.stats.per_cycle
     assert sum(c.output_tokens for c in cycles) == len(result.token_ids) == s.generated_tokens
     assert all(c.gamma <= 3 and c.accepted <= c.gamma and 1 <= c.output_tokens <= c.accepted + 1 for c in cycles)
-    for c in cycles:  # every part measured, and a draft only where one was asked for
-        assert min(c.draft_ms, c.verify_ms, c.transport_ms, c.redis_ms, c.orchestration_ms) >= 0
-        assert (c.draft_ms > 0) == (c.gamma > 0)
+    for before, c in zip([None, *cycles], cycles):  # every part measured, a draft call only where needed
+        assert min(c.draft_ms, c.verify_ms, c.transport_ms, c.redis_ms, c.orchestration_ms, c.ahead_ms) >= 0
+        assert (c.draft_ms > 0) == (c.gamma > 0 and not c.drafted_ahead)
+        assert not c.drafted_ahead or (before.accepted == before.gamma and before.ahead_ms > 0)
     assert s.accepted_tokens <= s.verified_tokens <= s.drafted_tokens  # totals derived from the cycles
     starts = [c.start_ms for c in cycles]
     assert starts == sorted(starts) and starts[-1] < s.elapsed_s * 1e3

@@ -39,3 +39,70 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
     assert dropped["draft"] >= s.cycle // 2 and dropped["target"] == s.cycle
     assert out == expected.tolist()
     assert record.tokens == prompt + out and record.cycle == s.cycle
+
+
+def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40):
+    """One session through the loop → (tokens, per-cycle stats)."""
+
+    async def run():
+        draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
+        store = SessionStore.from_url(redis_url)
+        loop = SpeculativeLoop(draft, target, store, (pair["eos"],), draft_ahead=draft_ahead)
+        s = Session(session_id, params, list(prompt), len(prompt), max_tokens, GammaPolicy(), fixed_gamma=gamma)
+        await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+        out = [t async for cycle in loop.run(s) for t in cycle.tokens]
+        await asyncio.gather(draft.release(session_id), target.release(session_id))
+        await asyncio.gather(draft.close(), target.close(), store.close())
+        return out, s.stats.per_cycle
+
+    return asyncio.run(run())
+
+
+def test_drafting_ahead_changes_no_token(workers, redis_url, pair):
+    """A block drafted during the last verify is the block a fresh draft call would propose
+    (counter-based randomness keyed by position), so with the same seed the output is the
+    same token for token, greedy and sampled, with drafting ahead on or off."""
+    hits = 0
+    for i, (temperature, gamma) in enumerate([(0.0, 2), (0.0, 4), (1.0, 2), (1.0, 3)]):
+        prompt = pair["prompts"][i]
+        params = SamplingParams(temperature=temperature, seed=100 + i)
+        on, on_cycles = _generate(workers, redis_url, pair, prompt, params, gamma, True, f"ahead-on-{i}")
+        off, off_cycles = _generate(workers, redis_url, pair, prompt, params, gamma, False, f"ahead-off-{i}")
+        assert on == off
+        assert not any(c.drafted_ahead or c.ahead_ms for c in off_cycles)
+        for before, c in zip(on_cycles, on_cycles[1:]):
+            # A block comes from drafting ahead only after a cycle that accepted all it drafted.
+            assert not c.drafted_ahead or (before.accepted == before.gamma and before.ahead_ms > 0)
+            assert c.draft_ms == 0 if c.drafted_ahead else (c.draft_ms > 0) == (c.gamma > 0)
+        hits += sum(c.drafted_ahead for c in on_cycles)
+    assert hits > 0  # the pair agrees often enough for the guess to come true
+
+
+def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url, pair):
+    """Drafting ahead uses the draft worker's idle time; with another session in flight it is
+    not idle, and wasted guesses would delay that session's blocks."""
+
+    async def run():
+        draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
+        store = SessionStore.from_url(redis_url)
+        loop = SpeculativeLoop(draft, target, store, (pair["eos"],), draft_ahead=True)
+        sessions = []
+        for name in ("ahead-a", "ahead-b"):
+            prompt = pair["prompts"][0]
+            s = Session(name, SamplingParams(temperature=0.0), list(prompt), len(prompt), 30, GammaPolicy(),
+                        fixed_gamma=2)
+            await store.create(SessionRecord(name, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+            sessions.append(s)
+        first = loop.run(sessions[0])
+        await anext(first)  # session a is in flight (paused between cycles) while b runs
+        b = [t async for cycle in loop.run(sessions[1]) for t in cycle.tokens]
+        a = [t async for cycle in first for t in cycle.tokens]
+        for s in sessions:
+            await asyncio.gather(draft.release(s.session_id), target.release(s.session_id))
+        await asyncio.gather(draft.close(), target.close(), store.close())
+        return sessions, a, b
+
+    (a, b), a_rest, b_tokens = asyncio.run(run())
+    assert not any(c.ahead_ms or c.drafted_ahead for c in b.stats.per_cycle)
+    assert any(c.ahead_ms for c in a.stats.per_cycle[1:])  # alone again once b is done
+    assert b_tokens == a.tokens[a.prompt_len:]  # same prompt, greedy: same tokens

@@ -191,6 +191,10 @@ def test_cost_estimates():
     before = (policy.draft_ms_per_token, policy.draft_transport_ms)
     policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
     assert (policy.draft_ms_per_token, policy.draft_transport_ms) == before
+    alpha = policy.alpha
+    policy.observe(CycleCosts(3, 3, 0.0, 0.0, 12.0, 2.0, 3.0, drafted_ahead=True))  # no draft call this cycle
+    assert (policy.draft_ms_per_token, policy.draft_transport_ms) == before
+    assert policy.alpha > alpha  # its acceptance still counts
 
 
 def test_verify_cost_fit_recovers_a_linear_cost():

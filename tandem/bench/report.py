@@ -24,6 +24,10 @@ def _x(value, digits: int = 2, suffix: str = "") -> str:
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def _pct(share: float | None) -> float | None:
+    return None if share is None else 100 * share
+
+
 def _spread(s: dict, digits: int = 2, suffix: str = "") -> str:
     if not s or s.get("median") is None:
         return "–"
@@ -48,8 +52,9 @@ def _speed_table(rows: dict) -> list[str]:
 
 def _cycle_table(rows: dict) -> list[str]:
     lines = ["| mode | mean γ | draft ms | verify ms | transport ms | orchestration ms | cycle ms "
-             "| orchestration share | transport + orchestration share | Redis ms (overlapped) | wire bytes / cycle |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| orchestration share | transport + orchestration share | Redis ms (overlapped) "
+             "| drafted ahead | ahead ms (overlapped) | wire bytes / cycle |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in rows.items():
         c = r.get("cycle")
         if not c:
@@ -58,7 +63,8 @@ def _cycle_table(rows: dict) -> list[str]:
             f"| {label(mode)} | {_x(r.get('mean_gamma'))} | {_x(c['draft_ms'])} | {_x(c['verify_ms'])} "
             f"| {_x(c['transport_ms'])} | {_x(c['orchestration_ms'])} | {_x(c['total_ms'])} "
             f"| {_x(100 * c['orchestration_share'], 1, '%')} | {_x(100 * c['overhead_share'], 1, '%')} "
-            f"| {_x(c['redis_ms'])} | {c['wire_bytes_per_cycle']:.0f} |")
+            f"| {_x(c['redis_ms'])} | {_x(_pct(c['drafted_ahead_share']), 0, '%')} | {_x(c['ahead_ms'])} "
+            f"| {c['wire_bytes_per_cycle']:.0f} |")
     return lines
 
 
@@ -70,7 +76,8 @@ def markdown(results: dict) -> str:
         f"{results['started']}, {results['duration_s'] / 60:.1f} min on {m['cpu']} ({m['cores']} cores"
         f"{', ' + m['gpu'] if m['gpu'] else ', no GPU'}), Python {m['python']}, torch {m['torch']}. "
         f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, draft `{_short(cfg['draft_model'])}`, "
-        f"target `{_short(cfg['target_model'])}`, {cfg['threads']} torch thread(s) per model.",
+        f"target `{_short(cfg['target_model'])}`, {cfg['threads']} torch thread(s) per model, "
+        f"drafting ahead {'on' if cfg.get('draft_ahead', True) else 'off'}.",
         "",
         "Speedups are per prompt against the same prompt's baseline run, median (interquartile range).",
     ]
@@ -160,12 +167,18 @@ def _timeline(plt, runs, path):
              ("orchestration_ms", "orchestration", "C2"), ("redis_ms", "Redis (overlapped)", "C3")]
     cycles = run.stats["per_cycle"]
     fig, ax = plt.subplots(figsize=(10, 0.22 * len(cycles) + 1.5))
+    ahead_labelled = False
     for i, c in enumerate(cycles):
         x = c["start_ms"]
         for key, name, color in parts:
             ax.broken_barh([(x, c[key])], (i - 0.4, 0.8), color=color, label=name if i == 0 else None)
             x += c[key]
-        ax.text(x + 0.3, i, f"γ={c['gamma']} +{c['output_tokens']}", va="center", fontsize=6)
+        if c["ahead_ms"]:  # the draft worker drafting past the block, alongside its verify
+            ax.broken_barh([(c["start_ms"] + c["draft_ms"], c["ahead_ms"])], (i + 0.05, 0.35), color="C4",
+                           label=None if ahead_labelled else "draft ahead (overlapped)")
+            ahead_labelled = True
+        mark = " (drafted ahead)" if c["drafted_ahead"] else ""
+        ax.text(x + 0.3, i, f"γ={c['gamma']} +{c['output_tokens']}{mark}", va="center", fontsize=6)
     ax.invert_yaxis()
     ax.set(xlabel="ms since the request", ylabel="cycle",
            title=f"one generation ({label(run.mode)}, {run.workload}, prompt {run.prompt}): "

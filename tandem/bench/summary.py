@@ -90,7 +90,8 @@ def analytic_bound(runs: list[Run], alpha: float | None, target_ms: float | None
 
 def cycle_split(runs: list[Run]) -> dict:
     """Mean milliseconds per cycle of each part, the critical path (the Redis commit overlaps
-    the next cycle's first call, so it is left out), its shares, and wire bytes."""
+    the next cycle's first call, so it is left out), its shares, and wire bytes; the share of
+    drafting cycles whose block was drafted ahead, and the draft compute overlapped with verify."""
     cs = cycles(runs)
     if not cs:
         return {}
@@ -100,6 +101,9 @@ def cycle_split(runs: list[Run]) -> dict:
     split["orchestration_share"] = split["orchestration_ms"] / total if total else None
     split["overhead_share"] = (split["transport_ms"] + split["orchestration_ms"]) / total if total else None
     split["wire_bytes_per_cycle"] = float(np.mean([c["wire_bytes"] for c in cs]))
+    drafting = [c for c in cs if c["gamma"]]
+    split["drafted_ahead_share"] = float(np.mean([c["drafted_ahead"] for c in drafting])) if drafting else None
+    split["ahead_ms"] = float(np.mean([c["ahead_ms"] for c in cs]))
     return split
 
 

@@ -25,31 +25,39 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import sampling_pb2 as tandem_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\x83\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"\xa5\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\"\xc4\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"\x83\x01\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\x91\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\x32\xcf\x01\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo2\xcf\x01\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\xfc\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa5\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\"\xbc\x02\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x83\x01\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\x91\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\x32\x9b\x02\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo2\x98\x02\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_PROPOSEREQUEST']._serialized_start=64
-  _globals['_PROPOSEREQUEST']._serialized_end=195
-  _globals['_PROPOSERESPONSE']._serialized_start=198
-  _globals['_PROPOSERESPONSE']._serialized_end=363
-  _globals['_VERIFYREQUEST']._serialized_start=366
-  _globals['_VERIFYREQUEST']._serialized_end=562
-  _globals['_VERIFYRESPONSE']._serialized_start=565
-  _globals['_VERIFYRESPONSE']._serialized_end=696
-  _globals['_RELEASEREQUEST']._serialized_start=698
-  _globals['_RELEASEREQUEST']._serialized_end=734
-  _globals['_RELEASERESPONSE']._serialized_start=736
-  _globals['_RELEASERESPONSE']._serialized_end=771
-  _globals['_DESCRIBEREQUEST']._serialized_start=773
-  _globals['_DESCRIBEREQUEST']._serialized_end=790
-  _globals['_MODELINFO']._serialized_start=793
-  _globals['_MODELINFO']._serialized_end=938
-  _globals['_DRAFTWORKER']._serialized_start=941
-  _globals['_DRAFTWORKER']._serialized_end=1148
-  _globals['_TARGETVERIFIER']._serialized_start=1151
-  _globals['_TARGETVERIFIER']._serialized_end=1358
+  _globals['_PROPOSEREQUEST']._serialized_end=316
+  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_start=265
+  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_end=316
+  _globals['_PROPOSERESPONSE']._serialized_start=319
+  _globals['_PROPOSERESPONSE']._serialized_end=484
+  _globals['_VERIFYREQUEST']._serialized_start=487
+  _globals['_VERIFYREQUEST']._serialized_end=803
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=265
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=316
+  _globals['_VERIFYRESPONSE']._serialized_start=806
+  _globals['_VERIFYRESPONSE']._serialized_end=937
+  _globals['_RELEASEREQUEST']._serialized_start=939
+  _globals['_RELEASEREQUEST']._serialized_end=975
+  _globals['_RELEASERESPONSE']._serialized_start=977
+  _globals['_RELEASERESPONSE']._serialized_end=1012
+  _globals['_DESCRIBEREQUEST']._serialized_start=1014
+  _globals['_DESCRIBEREQUEST']._serialized_end=1031
+  _globals['_MODELINFO']._serialized_start=1034
+  _globals['_MODELINFO']._serialized_end=1179
+  _globals['_DRAFTWORKER']._serialized_start=1182
+  _globals['_DRAFTWORKER']._serialized_end=1465
+  _globals['_TARGETVERIFIER']._serialized_start=1468
+  _globals['_TARGETVERIFIER']._serialized_end=1748
 # @@protoc_insertion_point(module_scope)

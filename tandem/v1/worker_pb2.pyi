@@ -8,18 +8,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling")
+    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_LEN_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GAMMA_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     gamma: int
     sampling: _sampling_pb2.SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms")
@@ -36,20 +45,29 @@ class ProposeResponse(_message.Message):
     def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling")
+    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHE_LEN_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_sampling_pb2.DraftDistribution]
     sampling: _sampling_pb2.SamplingParams
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms")

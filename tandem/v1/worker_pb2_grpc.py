@@ -40,6 +40,11 @@ class DraftWorkerStub:
                 request_serializer=tandem_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeStream = channel.stream_stream(
+                '/tandem.v1.DraftWorker/ProposeStream',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/tandem.v1.DraftWorker/Release',
                 request_serializer=tandem_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -58,6 +63,15 @@ class DraftWorkerServicer:
 
     def Propose(self, request, context):
         """/ Crops the session's cache to cache_len, extends it with tokens, then drafts gamma tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeStream(self, request_iterator, context):
+        """/ Propose over one long-lived stream (the orchestrator opens one per session): each request
+        / is answered in order, exactly as Propose would answer it, without a new call's set-up
+        / cost. An invalid request ends the stream with the status Propose would give it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -82,6 +96,11 @@ def add_DraftWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Propose': grpc.unary_unary_rpc_method_handler(
                     servicer.Propose,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeStream,
                     request_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
             ),
@@ -122,6 +141,33 @@ class DraftWorker:
             request,
             target,
             '/tandem.v1.DraftWorker/Propose',
+            tandem_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.DraftWorker/ProposeStream',
             tandem_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
             tandem_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
             options,
@@ -204,6 +250,11 @@ class TargetVerifierStub:
                 request_serializer=tandem_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyStream = channel.stream_stream(
+                '/tandem.v1.TargetVerifier/VerifyStream',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/tandem.v1.TargetVerifier/Release',
                 request_serializer=tandem_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -228,6 +279,13 @@ class TargetVerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyStream(self, request_iterator, context):
+        """/ Verify over one long-lived stream, as ProposeStream is to Propose.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """/ Forgets a session's cache (the worker may also evict it on its own).
         """
@@ -247,6 +305,11 @@ def add_TargetVerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyStream,
                     request_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
             ),
@@ -287,6 +350,33 @@ class TargetVerifier:
             request,
             target,
             '/tandem.v1.TargetVerifier/Verify',
+            tandem_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.TargetVerifier/VerifyStream',
             tandem_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
             tandem_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
             options,
