@@ -94,11 +94,12 @@ class _WorkerClient:
                 async with asyncio.timeout(self.timeout_s):
                     await stream.call.write(request)
                     msg = await stream.call.read()
-            except BaseException as e:
+            except TimeoutError:
                 self._drop(session_id, stream)
-                if isinstance(e, TimeoutError):
-                    raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
-                                               f"no answer in {self.timeout_s} s") from None
+                raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
+                                           f"no answer in {self.timeout_s} s") from None
+            except BaseException:  # failed or cancelled half-way: its answer must not reach the next call
+                self._drop(session_id, stream)
                 raise
             if msg is grpc.aio.EOF:  # the worker ended the stream without a status
                 self._drop(session_id, stream)

@@ -266,17 +266,20 @@ def _then(miss: Reply, retry: Reply) -> Reply:
     return Reply(retry.answer, miss.wall_ms + retry.wall_ms, miss.wire_bytes + retry.wire_bytes)
 
 
+def _transport(reply: Reply | None) -> float:
+    """A worker call's wall time less its compute: serialization, gRPC, scheduling."""
+    return max(0.0, reply.wall_ms - reply.answer.compute_ms) if reply else 0.0
+
+
 def _measure(s: Session, began: float, call: "_FirstCall", accepted: int, output: int, draft: Reply | None,
              verify: Reply, ahead: Reply | None) -> CycleStats:
     """The cycle's counts and time split up to its commit (redis_ms is filled in after it)."""
-    draft_compute = draft.answer.compute_ms if draft else 0.0
     draft_wall = draft.wall_ms if draft else 0.0
-    verify_compute = verify.answer.compute_ms
     total = (time.perf_counter() - began) * 1e3
     return CycleStats(
         gamma=call.gamma, accepted=accepted, output_tokens=output, start_ms=(began - s.started) * 1e3,
-        draft_ms=draft_compute, verify_ms=verify_compute,
-        transport_ms=max(0.0, draft_wall - draft_compute) + max(0.0, verify.wall_ms - verify_compute),
+        draft_ms=draft.answer.compute_ms if draft else 0.0, verify_ms=verify.answer.compute_ms,
+        transport_ms=_transport(draft) + _transport(verify),
         orchestration_ms=max(0.0, total - draft_wall - verify.wall_ms),
         wire_bytes=(draft.wire_bytes if draft else 0) + verify.wire_bytes + (ahead.wire_bytes if ahead else 0),
         drafted_ahead=call.drafted_ahead,
@@ -289,9 +292,9 @@ def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
     return CycleCosts(
         gamma=c.gamma, accepted=c.accepted,
         draft_compute_ms=c.draft_ms,
-        draft_transport_ms=max(0.0, draft.wall_ms - c.draft_ms) if draft else 0.0,
+        draft_transport_ms=_transport(draft),
         verify_compute_ms=c.verify_ms,
-        verify_transport_ms=max(0.0, verify.wall_ms - c.verify_ms),
+        verify_transport_ms=_transport(verify),
         overhead_ms=c.orchestration_ms,  # the Redis commit overlaps the next cycle's first call
         drafted_ahead=c.drafted_ahead,
     )

@@ -219,7 +219,7 @@ def cmd_bench(args) -> None:
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
                          concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed,
-                         draft_ahead=not args.no_draft_ahead)
+                         draft_ahead=None if args.address else not args.no_draft_ahead)
     if args.address:
         results = run_bench(config, args.address, args.out)
     else:

@@ -31,7 +31,7 @@ class BenchConfig:
     threads: int = 1  # torch threads of the in-process baselines (match the workers')
     seed: int = 0
     progress: bool = True
-    draft_ahead: bool = True  # as the cluster was started (reported, not applied: a cluster setting)
+    draft_ahead: bool | None = True  # the local cluster's setting (reported); None: a cluster at --address
 
     @property
     def cluster_modes(self) -> list[str]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from tandem.bench.runs import Run
 
 LABELS = {"hf_target": "HF target alone", "hf_assisted": "HF assisted"}
+_DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is set"}
 
 
 def label(mode: str) -> str:
@@ -77,7 +78,7 @@ def markdown(results: dict) -> str:
         f"{', ' + m['gpu'] if m['gpu'] else ', no GPU'}), Python {m['python']}, torch {m['torch']}. "
         f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, draft `{_short(cfg['draft_model'])}`, "
         f"target `{_short(cfg['target_model'])}`, {cfg['threads']} torch thread(s) per model, "
-        f"drafting ahead {'on' if cfg.get('draft_ahead', True) else 'off'}.",
+        f"drafting ahead {_DRAFT_AHEAD[cfg.get('draft_ahead', True)]}.",
         "",
         "Speedups are per prompt against the same prompt's baseline run, median (interquartile range).",
     ]
