@@ -23,7 +23,7 @@ def propose(
     drafted token is never fed: the verifier may reject it).
     """
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = runtime.extend(session_id, cache_len, tokens)[-1]  # [V]
+    logits = runtime.extend(session_id, cache_len, tokens, keep=1)[0]  # [V]
     drafted, token_probs, dists = [], [], []
     for i in range(gamma):
         if params.greedy:  # warp's one-hot and its draw, without vocabulary-sized work

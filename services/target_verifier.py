@@ -24,7 +24,7 @@ def verify(
     """
     gamma = len(draft_tokens)
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = runtime.extend(session_id, cache_len, tokens + draft_tokens)[len(tokens) - 1 :]  # [γ+1, V]
+    logits = runtime.extend(session_id, cache_len, tokens + draft_tokens, keep=gamma + 1)  # [γ+1, V]
     drafts = torch.tensor(draft_tokens, dtype=torch.long)  # [γ]
     if params.greedy:
         verdict = verify_greedy(logits, drafts)

@@ -494,6 +494,29 @@ def test_runtime_logits_match_hf_after_crop(draft_dir, hf_draft):
         runtime.extend("s", 9, [1])
 
 
+
+def test_runtime_gemm_layout_keeps_the_model_and_keep_returns_the_tail(tmp_path):
+    """The column-major weights hold the same values (tied output embedding included), and
+    keep=n returns the last n positions' logits, equal to Hugging Face's."""
+    config = llama_config(vocab_size=VOCAB, layers=2, hidden=64, eos_token_id=EOS, max_context=MAX_CONTEXT)
+    config.tie_word_embeddings = True
+    path = save_random_model(config, str(tmp_path / "tied"), seed=3)
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    runtime = ModelRuntime(path)
+    assert runtime.info.num_parameters == sum(p.numel() for p in hf.parameters())
+    ours, theirs = dict(runtime.model.named_modules()), dict(hf.named_modules())
+    linears = [n for n, m in ours.items() if isinstance(m, torch.nn.Linear)]
+    assert "lm_head" in linears and len(linears) == 2 * 7 + 1
+    for name in linears:
+        assert ours[name].weight.stride() == (1, ours[name].weight.shape[0]), name  # column-major
+        assert torch.equal(ours[name].weight, theirs[name].weight), name
+    embed = runtime.model.get_input_embeddings().weight
+    assert embed.is_contiguous() and torch.equal(embed, hf.get_input_embeddings().weight)
+    tokens = prompt(12, seed=21)
+    logits = runtime.extend("s", 0, tokens, keep=3)
+    assert logits.shape == (3, VOCAB)
+    torch.testing.assert_close(logits, hf_logits(hf, tokens)[-3:], atol=1e-5, rtol=1e-4)
+
 # --- bad requests ---------------------------------------------------------------------------
 
 
