@@ -11,7 +11,6 @@ on/off ratio per prompt (median and IQR).
 """
 
 import asyncio
-import json
 import random
 import statistics as st
 import sys
@@ -25,6 +24,7 @@ from orchestrator.redis_server import EmbeddedRedis
 from orchestrator.store import SessionRecord, SessionStore
 from tandem.local import spawn_worker, stop_processes
 from tandem.sampling import SamplingParams
+from tandem.suitability import load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS, MAX_TOKENS = 16, 128
@@ -79,8 +79,8 @@ def main() -> None:
     temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
     models = ROOT / "models"
     tokenizer = AutoTokenizer.from_pretrained(models / "target")
-    lines = (ROOT / "benchmarks" / "prompts" / "heldout.jsonl").read_text().splitlines()[:PROMPTS]
-    prompts = [tokenizer.encode(json.loads(line)["prompt"]) for line in lines]
+    texts = load_prompts(ROOT / "benchmarks" / "prompts" / "heldout.jsonl")[:PROMPTS]
+    prompts = [tokenizer.encode(text) for text in texts]
     procs = {kind: spawn_worker(kind, str(models / kind), "127.0.0.1", 1, "cpu", "float32", echo=False)
              for kind in ("draft", "target")}
     redis = EmbeddedRedis()

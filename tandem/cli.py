@@ -14,13 +14,15 @@ SHIPPED_MODELS = PROJECT_ROOT / "models"
 HELDOUT_PROMPTS = PROJECT_ROOT / "benchmarks" / "prompts" / "heldout.jsonl"
 
 
-def default_pair() -> tuple[str, str]:
-    """(draft, target): the pair shipped in models/."""
-    draft, target = SHIPPED_MODELS / "draft", SHIPPED_MODELS / "target"
-    if not ((draft / "config.json").exists() and (target / "config.json").exists()):
+def default_pair(draft: str | None = None, target: str | None = None) -> tuple[str, str]:
+    """(draft, target): the directories given, the pair shipped in models/ for any left out."""
+    if draft and target:
+        return draft, target
+    shipped_draft, shipped_target = SHIPPED_MODELS / "draft", SHIPPED_MODELS / "target"
+    if not ((shipped_draft / "config.json").exists() and (shipped_target / "config.json").exists()):
         raise SystemExit(f"tandem: no model pair in {SHIPPED_MODELS}; rebuild it with "
                          "`.venv/bin/python models/build_pair.py` or pass --draft-model/--target-model")
-    return str(draft), str(target)
+    return draft or str(shipped_draft), target or str(shipped_target)
 
 
 # --- tandem worker ---------------------------------------------------------------------------
@@ -48,10 +50,7 @@ def _wait_for_signal() -> None:
 def cmd_up(args) -> None:
     from tandem.local import LocalCluster
 
-    draft_model, target_model = args.draft_model, args.target_model
-    if not (draft_model and target_model):
-        default_draft, default_target = default_pair()
-        draft_model, target_model = draft_model or default_draft, target_model or default_target
+    draft_model, target_model = default_pair(args.draft_model, args.target_model)
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
                            redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port,
@@ -165,8 +164,7 @@ def cmd_check(args) -> None:
     from tandem.suitability import check_pair, load_prompts
 
     hf_logging.disable_progress_bar()
-    default_draft, default_target = (None, None) if args.draft and args.target else default_pair()
-    draft, target = args.draft or default_draft, args.target or default_target
+    draft, target = default_pair(args.draft, args.target)
     try:
         prompts = load_prompts(args.prompts)[:args.limit]
         report = check_pair(draft, target, prompts, max_new_tokens=args.max_new_tokens, max_gamma=args.max_gamma,
@@ -199,10 +197,7 @@ def cmd_bench(args) -> None:
     from tandem.local import LocalCluster
     from tandem.suitability import load_prompts
 
-    draft, target = args.draft_model, args.target_model
-    if not (draft and target):
-        default_draft, default_target = default_pair()
-        draft, target = draft or default_draft, target or default_target
+    draft, target = default_pair(args.draft_model, args.target_model)
     try:
         gammas, concurrency = _ints(args.gammas), _ints(args.concurrency)
     except ValueError:

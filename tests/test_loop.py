@@ -11,6 +11,13 @@ from orchestrator.store import SessionRecord, SessionStore
 from tandem.sampling import SamplingParams
 
 
+async def _open(store, session_id, prompt, params, max_tokens, gamma) -> Session:
+    """A session on its prompt, with its record in Redis, as the orchestrator starts one."""
+    s = Session(session_id, params, list(prompt), len(prompt), max_tokens, GammaPolicy(), fixed_gamma=gamma)
+    await store.create(SessionRecord(session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+    return s
+
+
 def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, redis_url, pair, target_model):
     prompt = pair["prompts"][6]
     with torch.no_grad():
@@ -20,9 +27,7 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
         draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
         store = SessionStore.from_url(redis_url)
         loop = SpeculativeLoop(draft, target, store, (pair["eos"],))
-        s = Session("loop-test", SamplingParams(temperature=0.0), list(prompt), len(prompt), 20, GammaPolicy(),
-                    fixed_gamma=3)
-        await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+        s = await _open(store, "loop-test", prompt, SamplingParams(temperature=0.0), 20, 3)
         out, dropped = [], {"draft": 0, "target": 0}
         async for cycle in loop.run(s):
             out.extend(cycle.tokens)
@@ -48,8 +53,7 @@ def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, sess
         draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
         store = SessionStore.from_url(redis_url)
         loop = SpeculativeLoop(draft, target, store, (pair["eos"],), draft_ahead=draft_ahead)
-        s = Session(session_id, params, list(prompt), len(prompt), max_tokens, GammaPolicy(), fixed_gamma=gamma)
-        await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+        s = await _open(store, session_id, prompt, params, max_tokens, gamma)
         out = [t async for cycle in loop.run(s) for t in cycle.tokens]
         await asyncio.gather(draft.release(session_id), target.release(session_id))
         await asyncio.gather(draft.close(), target.close(), store.close())
@@ -86,13 +90,8 @@ def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url
         draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
         store = SessionStore.from_url(redis_url)
         loop = SpeculativeLoop(draft, target, store, (pair["eos"],), draft_ahead=True)
-        sessions = []
-        for name in ("ahead-a", "ahead-b"):
-            prompt = pair["prompts"][0]
-            s = Session(name, SamplingParams(temperature=0.0), list(prompt), len(prompt), 30, GammaPolicy(),
-                        fixed_gamma=2)
-            await store.create(SessionRecord(name, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
-            sessions.append(s)
+        sessions = [await _open(store, name, pair["prompts"][0], SamplingParams(temperature=0.0), 30, 2)
+                    for name in ("ahead-a", "ahead-b")]
         first = loop.run(sessions[0])
         await anext(first)  # session a is in flight (paused between cycles) while b runs
         b = [t async for cycle in loop.run(sessions[1]) for t in cycle.tokens]

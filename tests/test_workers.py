@@ -494,11 +494,10 @@ def test_runtime_logits_match_hf_after_crop(draft_dir, hf_draft):
         runtime.extend("s", 9, [1])
 
 
-
 def test_runtime_gemm_layout_keeps_the_model_and_keep_returns_the_tail(tmp_path):
     """The column-major weights hold the same values (tied output embedding included), and
     keep=n returns the last n positions' logits, equal to Hugging Face's."""
-    config = llama_config(vocab_size=VOCAB, layers=2, hidden=64, eos_token_id=EOS, max_context=MAX_CONTEXT)
+    config = _config()
     config.tie_word_embeddings = True
     path = save_random_model(config, str(tmp_path / "tied"), seed=3)
     hf = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -516,6 +515,7 @@ def test_runtime_gemm_layout_keeps_the_model_and_keep_returns_the_tail(tmp_path)
     logits = runtime.extend("s", 0, tokens, keep=3)
     assert logits.shape == (3, VOCAB)
     torch.testing.assert_close(logits, hf_logits(hf, tokens)[-3:], atol=1e-5, rtol=1e-4)
+
 
 # --- bad requests ---------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ def _cycle_table(rows: dict) -> list[str]:
         lines.append(
             f"| {label(mode)} | {_x(r.get('mean_gamma'))} | {_x(c['draft_ms'])} | {_x(c['verify_ms'])} "
             f"| {_x(c['transport_ms'])} | {_x(c['orchestration_ms'])} | {_x(c['total_ms'])} "
-            f"| {_x(100 * c['orchestration_share'], 1, '%')} | {_x(100 * c['overhead_share'], 1, '%')} "
+            f"| {_x(_pct(c['orchestration_share']), 1, '%')} | {_x(_pct(c['overhead_share']), 1, '%')} "
             f"| {_x(c['redis_ms'])} | {_x(_pct(c['drafted_ahead_share']), 0, '%')} | {_x(c['ahead_ms'])} "
             f"| {c['wire_bytes_per_cycle']:.0f} |")
     return lines

@@ -77,9 +77,7 @@ def measure(address: str, prompts: list[list[int]], max_tokens: int, seed: int, 
         "spans_exported_per_traced_request": spans / (len(prompts) + 1),
         "identical_outputs": sum(a.token_ids == b.token_ids for a, b in zip(runs["traced"], runs["untraced"])),
     }
-    with receiver.lock:
-        example = [(sv, sp) for sv, sp in receiver.spans if sp.trace_id == trace_ids[0]]
-    return result, example
+    return result, receiver.trace(trace_ids[0])
 
 
 def write(result: dict, example: list, out: Path) -> None:
