@@ -3,22 +3,30 @@
 Caches are soft state (Redis holds the truth): every call says how many committed tokens the
 caller believes the cache holds (`cache_len`); the runtime crops to it and extends, or reports
 a miss when it holds fewer. Least-recently-used sessions are evicted under a memory bound.
+
+The forward pass is `services.llama.LlamaPass` for the Llama architecture (the same function
+in fewer operator calls), and Hugging Face's own for every other model.
 """
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
+from services.llama import LlamaPass, to_column_major, unsupported
 from tandem.codec import ModelInfo
+
+log = logging.getLogger("tandem.worker")
 
 
 @dataclass
 class _Session:
-    cache: DynamicCache
+    cache: Any  # the forward pass's: a DynamicCache or a llama.KVBuffer
     length: int  # tokens held
     nbytes: int = 0
 
@@ -35,13 +43,36 @@ def eos_token_ids(config) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
-def _cache_nbytes(cache: DynamicCache) -> int:
-    total = 0
-    for layer in cache.layers:
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                total += t.nelement() * t.element_size()
-    return total
+class HFPass:
+    """Any causal LM through Hugging Face's forward pass, with a DynamicCache per session."""
+
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module, column_major: bool) -> None:
+        self.model = model
+        if column_major:
+            gemm_friendly_layout(model)
+
+    def new_cache(self, length: int) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def forward(self, cache: DynamicCache, start: int, tokens: list[int], keep: int) -> torch.Tensor:
+        held = cache.get_seq_length()
+        if held > start:
+            cache.crop(start - held)  # negative: tokens to remove
+        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)  # [1, n]
+        # logits_to_keep: a prefill needs no vocabulary projection of the prompt.
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        return out.logits[0]  # [keep, V]
+
+    @staticmethod
+    def cache_nbytes(cache: DynamicCache) -> int:
+        total = 0
+        for layer in cache.layers:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.nelement() * t.element_size()
+        return total
 
 
 class ModelRuntime:
@@ -56,20 +87,24 @@ class ModelRuntime:
     ) -> None:
         self.device = torch.device(device)
         torch_dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
-        self.model.to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        model.to(self.device).eval()
         config = AutoConfig.from_pretrained(model_dir)
         self.info = ModelInfo(
             model=model_dir,
-            vocab_size=int(self.model.get_output_embeddings().weight.shape[0]),
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
             max_context=int(getattr(config, "max_position_embeddings", 2048)),
-            eos_token_ids=eos_token_ids(self.model.generation_config) or eos_token_ids(config),
+            eos_token_ids=eos_token_ids(model.generation_config) or eos_token_ids(config),
             device=str(self.device),
             dtype=dtype,
-            num_parameters=sum(p.numel() for p in self.model.parameters()),
+            num_parameters=sum(p.numel() for p in model.parameters()),
         )
-        if self.device.type == "cpu":  # after counting: it unties a tied output embedding
-            gemm_friendly_layout(self.model)
+        # After counting: a pass may copy weights (a tied output embedding gets its own).
+        cpu = self.device.type == "cpu"
+        reason = unsupported(model)
+        self.forward_pass = HFPass(model, cpu) if reason else LlamaPass(model, cpu)
+        if reason:
+            log.info("Hugging Face's forward pass for %s: %s", model_dir, reason)
         self.max_cache_bytes = max_cache_bytes
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         # Guards the session table against Release from the loop and scrapes from the metrics
@@ -92,36 +127,31 @@ class ModelRuntime:
 
         Raises CacheMiss when the runtime holds fewer than cache_len tokens of the session.
         """
-        session = self._checkout(session_id, cache_len)
+        session = self._checkout(session_id, cache_len, len(tokens))
         try:
-            if session.length > cache_len:
-                session.cache.crop(cache_len - session.length)  # negative: tokens to remove
-            input_ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, n]
             with torch.inference_mode():
-                # logits_to_keep: a prefill needs no vocabulary projection of the prompt.
-                out = self.model(input_ids=input_ids, past_key_values=session.cache, use_cache=True,
-                                 logits_to_keep=keep)
+                logits = self.forward_pass.forward(session.cache, cache_len, tokens, keep or len(tokens))
         except BaseException:
             # A failed pass may have extended some layers and not others: forget the session,
             # so that the caller's retry is a clean CacheMiss and re-prefills.
             self.release(session_id)
             raise
         session.length = cache_len + len(tokens)
-        session.nbytes = _cache_nbytes(session.cache)
+        session.nbytes = self.forward_pass.cache_nbytes(session.cache)
         self._evict(keep=session_id)
-        return out.logits[0]  # [n, V]
+        return logits
 
     def release(self, session_id: str) -> bool:
         with self._lock:
             return self._sessions.pop(session_id, None) is not None
 
-    def _checkout(self, session_id: str, cache_len: int) -> _Session:
+    def _checkout(self, session_id: str, cache_len: int, new_tokens: int) -> _Session:
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None or session.length < cache_len:
                 if cache_len > 0:
                     raise CacheMiss(session_id)
-                session = _Session(DynamicCache(config=self.model.config), 0)
+                session = _Session(self.forward_pass.new_cache(new_tokens), 0)
                 self._sessions[session_id] = session
             self._sessions.move_to_end(session_id)
             return session
@@ -141,15 +171,14 @@ def gemm_friendly_layout(model: torch.nn.Module) -> None:
     F.linear multiplies by weight.T, which is then a row-major [in, out] matrix, the operand
     layout MKL's sgemm runs fastest with when the input has a few rows (a decode step, a
     verify block) on the CPUs measured. On the shipped target, one thread of a 2-core
-    EPYC, a forward pass of 1–5 tokens takes 3–10 % less time (benchmarks/gemm_layout.py).
+    EPYC, a forward pass of 1–5 tokens takes 3–10 % less time (benchmarks/forward_pass.py).
     A weight tied to the input embeddings gets its own copy, so that embedding lookups keep
     reading contiguous rows.
     """
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
-                w = module.weight  # [out, in]
-                module.weight = torch.nn.Parameter(w.t().contiguous().t(), requires_grad=False)
+                module.weight = torch.nn.Parameter(to_column_major(module.weight), requires_grad=False)
 
 
 def timed(fn, *args, **kwargs):

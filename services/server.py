@@ -158,7 +158,8 @@ def run_worker(
         info = runtime.info
         # One parseable line: launchers (tandem up, tests) read the port from it.
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
-              f"vocab={info.vocab_size} params={info.num_parameters} device={info.device}", flush=True)
+              f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
+              f"forward={runtime.forward_pass.name}", flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -1,0 +1,159 @@
+"""A lean forward pass for Llama-architecture models: the same function as Hugging Face's
+`LlamaForCausalLM`, in a fraction of the operator calls.
+
+A worker's forward pass covers a handful of tokens (one draft step, a verify block). At that
+size it costs operator dispatch and weight reads, not arithmetic. Hugging Face's module tree
+spends about a third of a one-token pass of the shipped target in Python and small ops
+(benchmarks/forward_pass.py). This pass reads the same weights, loaded through
+`from_pretrained`. Q, K and V are one matmul, gate and up are another, and RMSNorm is one
+op. Keys and values go into a per-session buffer grown by doubling, so cropping a cache is
+free. It keeps Hugging Face's order of floating-point operations where they are not fused.
+Logits agree to ~1e-5 (tests/test_llama_pass.py), and greedy outputs match.
+
+Models this pass does not cover exactly (`unsupported` says why) run through Hugging Face.
+"""
+
+import torch
+import torch.nn.functional as F
+
+# RoPE variants whose frequencies are fixed at load time (dynamic ones change with length).
+STATIC_ROPE = ("default", "linear", "llama3")
+
+
+def to_column_major(w: torch.Tensor) -> torch.Tensor:
+    """The same [out, in] values stored column-major, so that F.linear's weight.T is row-major:
+    the operand layout MKL's sgemm runs fastest with for inputs of a few rows."""
+    return w.t().contiguous().t()
+
+
+def unsupported(model: torch.nn.Module) -> str | None:
+    """Why `LlamaPass` cannot run this model exactly, or None when it can."""
+    config = model.config
+    if type(model).__name__ != "LlamaForCausalLM":
+        return f"{type(model).__name__} is not LlamaForCausalLM"
+    if config.hidden_act != "silu":
+        return f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "attention or MLP biases"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp > 1"
+    rope = model.model.rotary_emb.rope_type
+    if rope not in STATIC_ROPE:
+        return f"rope_type {rope!r}"
+    return None
+
+
+class KVBuffer:
+    """Keys and values of one session: [layers, 2, kv_heads, capacity, head_dim]. Positions
+    past the caller's cache_len are stale and get overwritten, so a crop costs nothing."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data = data
+
+    @property
+    def capacity(self) -> int:
+        return self.data.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nelement() * self.data.element_size()
+
+    def reserve(self, length: int, keep: int) -> None:
+        """Make room for `length` positions, keeping the first `keep`."""
+        if length <= self.capacity:
+            return
+        grown = self.data.new_empty(*self.data.shape[:3], max(length, 2 * self.capacity), self.data.shape[4])
+        grown[:, :, :, :keep] = self.data[:, :, :, :keep]
+        self.data = grown
+
+
+class LlamaPass:
+    """The forward pass of one Llama model. Check `unsupported(model)` first."""
+
+    name = "llama"
+
+    def __init__(self, model: torch.nn.Module, column_major: bool) -> None:
+        c = model.config
+        self.hidden, self.heads, self.kv_heads = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.intermediate, self.eps = c.intermediate_size, c.rms_norm_eps
+        layout = to_column_major if column_major else torch.Tensor.contiguous
+        with torch.no_grad():
+            self.layers = [self._layer(block, layout) for block in model.model.layers]
+            self.embed = model.model.embed_tokens.weight.detach()  # [V, H]; rows are looked up
+            self.norm = model.model.norm.weight.detach()
+            self.head = layout(model.lm_head.weight.detach().clone())  # [V, H], its own copy even if tied
+        rotary = model.model.rotary_emb
+        self.inv_freq, self.rope_scale = rotary.inv_freq.detach().float(), rotary.attention_scaling
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self._cos = self._sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
+
+    @staticmethod
+    def _layer(block, layout) -> dict[str, torch.Tensor]:
+        a, m = block.self_attn, block.mlp
+        return {
+            "qkv": layout(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(h+2kv)·d, H]
+            "o": layout(a.o_proj.weight.detach()),
+            "gate_up": layout(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2I, H]
+            "down": layout(m.down_proj.weight.detach()),
+            "attn_norm": block.input_layernorm.weight.detach(),
+            "mlp_norm": block.post_attention_layernorm.weight.detach(),
+        }
+
+    def new_cache(self, length: int) -> KVBuffer:
+        capacity = max(16, 1 << (length - 1).bit_length())
+        return KVBuffer(torch.empty(len(self.layers), 2, self.kv_heads, capacity, self.head_dim,
+                                    dtype=self.dtype, device=self.device))
+
+    @staticmethod
+    def cache_nbytes(cache: KVBuffer) -> int:
+        return cache.nbytes
+
+    def forward(self, cache: KVBuffer, start: int, tokens: list[int], keep: int) -> torch.Tensor:
+        """Run tokens at positions start.. over the cache's first `start` positions, writing
+        theirs → logits [keep, V] of the last `keep` tokens. Call under inference_mode."""
+        n, end = len(tokens), start + len(tokens)
+        cache.reserve(end, keep=start)
+        cos, sin = self._rope(start, end)  # [n, d] each
+        # Query i sees keys 0..start+i; a single query needs no mask.
+        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        x = self.embed[torch.tensor(tokens, device=self.device)]  # [n, H]
+        for layer, kv in zip(self.layers, cache.data):
+            x = x + self._attention(layer, self._rms_norm(x, layer["attn_norm"]), kv, start, end, cos, sin, mask)
+            gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).split(self.intermediate, -1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        return F.linear(self._rms_norm(x[n - keep:], self.norm), self.head)  # [keep, V]
+
+    def _attention(self, layer, h, kv, start, end, cos, sin, mask) -> torch.Tensor:
+        n, d = h.shape[0], self.head_dim
+        q, k, v = F.linear(h, layer["qkv"]).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+        q = _rotate(q.view(n, self.heads, d).transpose(0, 1), cos, sin)  # [h, n, d]
+        kv[0, :, start:end] = _rotate(k.view(n, self.kv_heads, d).transpose(0, 1), cos, sin)  # [kv, n, d]
+        kv[1, :, start:end] = v.view(n, self.kv_heads, d).transpose(0, 1)
+        out = F.scaled_dot_product_attention(q[None], kv[0, None, :, :end], kv[1, None, :, :end],
+                                             attn_mask=mask, enable_gqa=True)  # [1, h, n, d]
+        return F.linear(out[0].transpose(0, 1).reshape(n, self.heads * d), layer["o"])
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.hidden,), weight, self.eps)
+        # Hugging Face normalizes in float32 and multiplies by the weight in the model's dtype.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [end - start, d], from tables grown by doubling as positions advance."""
+        if end > self._cos.shape[0]:
+            positions = torch.arange(max(64, 1 << (end - 1).bit_length()), device=self.device).float()
+            freqs = torch.outer(positions, self.inv_freq.to(self.device))  # [P, d/2]
+            emb = torch.cat((freqs, freqs), -1)
+            self._cos = (emb.cos() * self.rope_scale).to(self.dtype)
+            self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
+        return self._cos[start:end], self._sin[start:end]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, as Hugging Face applies it: x·cos + rotate_half(x)·sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin

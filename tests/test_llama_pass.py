@@ -1,0 +1,146 @@
+"""The lean Llama forward pass against Hugging Face's, on tiny random models saved and loaded
+through from_pretrained: logits after prefills, steps, crops and cache growth; greedy
+decoding token for token; and which models the runtime gives which pass."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from services.llama import KVBuffer, LlamaPass, unsupported
+from services.runtime import CacheMiss, HFPass, ModelRuntime
+from tandem.randompair import llama_config, save_random_model
+
+VOCAB = 96
+
+
+def _config(**overrides):
+    config = llama_config(vocab_size=VOCAB, layers=2, hidden=128, eos_token_id=2, max_context=256, init_std=0.1)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _load(tmp_path, name: str, dtype: str = "float32", **overrides) -> tuple[str, torch.nn.Module]:
+    path = save_random_model(_config(**overrides), str(tmp_path / name), seed=7)
+    return path, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+
+def _hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0]  # [n, V], no cache
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+ROPE = {
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+}
+CASES = {
+    "grouped-query, untied": {},
+    "multi-head, tied": {"num_key_value_heads": 4, "tie_word_embeddings": True},
+    "rope linear": {"rope_parameters": ROPE["linear"]},
+    "rope llama3": {"rope_parameters": ROPE["llama3"]},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, case):
+    path, hf = _load(tmp_path, "m", **CASES[case])
+    assert unsupported(hf) is None
+    runtime = ModelRuntime(path)
+    assert isinstance(runtime.forward_pass, LlamaPass)
+    seq = _tokens(10, seed=1)
+    # A 10-token prefill makes a 16-position buffer: the steps below grow it twice.
+    steps = [(len(seq), _tokens(1, 2), 1), (11, _tokens(4, 3), 4), (13, _tokens(3, 4), 2),  # crop 15 → 13
+             (16, _tokens(30, 5), 5), (46, _tokens(1, 6), 1)]
+    got = runtime.extend("s", 0, seq)
+    torch.testing.assert_close(got, _hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
+    for cache_len, tokens, keep in steps:
+        seq = seq[:cache_len] + tokens
+        got = runtime.extend("s", cache_len, tokens, keep=keep)
+        assert got.shape == (keep, VOCAB)
+        torch.testing.assert_close(got, _hf_logits(hf, seq)[-keep:], atol=2e-5, rtol=1e-4)
+    assert runtime.cache_bytes == runtime._sessions["s"].cache.nbytes
+    assert runtime._sessions["s"].cache.capacity == 92  # 16, then the 46 needed, then doubled
+
+
+def test_bfloat16_matches_hf_in_bfloat16(tmp_path):
+    path, hf = _load(tmp_path, "bf16", dtype="bfloat16")
+    runtime = ModelRuntime(path, dtype="bfloat16")
+    assert isinstance(runtime.forward_pass, LlamaPass)
+    seq = _tokens(12, seed=8)
+    got = runtime.extend("s", 0, seq[:9])
+    got = torch.cat([got, runtime.extend("s", 9, seq[9:])])
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), _hf_logits(hf, seq).float(), atol=0.05, rtol=0.02)
+
+
+def test_greedy_decoding_matches_hf_generate(tmp_path):
+    path, hf = _load(tmp_path, "g")
+    runtime = ModelRuntime(path)
+    prompt = _tokens(8, seed=9)
+    want = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(prompt):].tolist()
+    got, logits = [], runtime.extend("s", 0, prompt, keep=1)
+    for i in range(40):
+        got.append(int(logits[-1].argmax()))
+        logits = runtime.extend("s", len(prompt) + i, got[-1:])
+    assert got == want
+
+
+def test_weights_are_column_major_on_cpu_and_tied_head_is_a_copy(tmp_path):
+    _, hf = _load(tmp_path, "t", tie_word_embeddings=True)
+    fp = LlamaPass(hf, column_major=True)
+    for layer in fp.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            w = layer[name]
+            assert w.stride() == (1, w.shape[0]), name
+    assert fp.head.data_ptr() != fp.embed.data_ptr() and torch.equal(fp.head, fp.embed)
+    assert fp.embed.is_contiguous()
+
+
+@pytest.mark.parametrize("override, reason", [
+    ({"attention_bias": True}, "biases"), ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}}, "rope_type"),
+])
+def test_other_models_run_through_hf_and_still_match(tmp_path, override, reason):
+    path, hf = _load(tmp_path, "u", **override)
+    assert reason in unsupported(hf)
+    runtime = ModelRuntime(path)
+    assert isinstance(runtime.forward_pass, HFPass)
+    seq = _tokens(14, seed=10)
+    runtime.extend("s", 0, seq[:10])
+    got = runtime.extend("s", 8, seq[8:], keep=3)  # crop 10 → 8
+    torch.testing.assert_close(got, _hf_logits(hf, seq)[-3:], atol=2e-5, rtol=1e-4)
+
+
+def test_failed_pass_forgets_the_session(tmp_path):
+    """A pass that fails after writing some layers' keys must leave nothing behind: the retry
+    misses and re-prefills, and its answer equals Hugging Face's."""
+    path, hf = _load(tmp_path, "f")
+    runtime = ModelRuntime(path)
+    runtime.extend("s", 0, list(range(3, 13)))
+    layer = runtime.forward_pass.layers[1]
+    down, layer["down"] = layer["down"], torch.zeros(1, 1)  # layer 1's MLP now raises
+    with pytest.raises(RuntimeError):
+        runtime.extend("s", 5, [40, 41])
+    layer["down"] = down
+    with pytest.raises(CacheMiss):
+        runtime.extend("s", 5, [40, 41])
+    seq = [*range(3, 8), 40, 41]
+    torch.testing.assert_close(runtime.extend("s", 0, seq), _hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
+
+
+def test_buffer_growth_keeps_the_prefix():
+    data = torch.arange(2 * 2 * 1 * 4 * 3, dtype=torch.float32).view(2, 2, 1, 4, 3)
+    buf = KVBuffer(data.clone())
+    buf.reserve(4, keep=4)
+    assert buf.capacity == 4
+    buf.reserve(5, keep=3)
+    assert buf.capacity == 8 and torch.equal(buf.data[:, :, :, :3], data[:, :, :, :3])
+    buf.reserve(20, keep=8)
+    assert buf.capacity == 20
