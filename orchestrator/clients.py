@@ -31,6 +31,7 @@ class Reply(NamedTuple):
     answer: Any  # codec.Proposal / codec.Verification, None on a cache miss
     wall_ms: float
     wire_bytes: int  # request plus response payload
+    fed: int = 0  # committed tokens the request fed the worker (a draft block not counted)
 
 
 class _SessionStream:
@@ -80,7 +81,8 @@ class _WorkerClient:
             request = encode(dict(metadata))
             start = time.perf_counter()
             msg = await self._exchange(session_id, request)
-            reply = Reply(decode(msg), (time.perf_counter() - start) * 1e3, request.ByteSize() + msg.ByteSize())
+            reply = Reply(decode(msg), (time.perf_counter() - start) * 1e3, request.ByteSize() + msg.ByteSize(),
+                          len(request.tokens))
             span.set_attribute("tandem.wire_bytes", reply.wire_bytes)
             return reply
 

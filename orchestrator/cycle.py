@@ -263,7 +263,7 @@ class SpeculativeLoop:
 
 def _then(miss: Reply, retry: Reply) -> Reply:
     """A cache miss and its re-prefill, counted as one call."""
-    return Reply(retry.answer, miss.wall_ms + retry.wall_ms, miss.wire_bytes + retry.wire_bytes)
+    return Reply(retry.answer, miss.wall_ms + retry.wall_ms, miss.wire_bytes + retry.wire_bytes, retry.fed)
 
 
 def _transport(reply: Reply | None) -> float:
@@ -297,4 +297,6 @@ def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
         verify_transport_ms=_transport(verify),
         overhead_ms=c.orchestration_ms,  # the Redis commit overlaps the next cycle's first call
         drafted_ahead=c.drafted_ahead,
+        draft_fed=draft.fed if draft else 0,
+        verify_fed=verify.fed,
     )

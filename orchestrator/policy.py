@@ -10,9 +10,19 @@ draft(γ) = γ · draft compute per token + draft transport; verify(γ) = a fitt
 intercept + slope · (γ + 1) of verify compute, plus verify transport; overhead = Redis and
 orchestration. γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one
 cycle drafts anyway, so a stale α can recover.
+
+Worker costs are learned from steady cycles only. A call that feeds a worker more committed
+tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
+draft catching up on the tokens of γ = 0 cycles) costs what no steady cycle will; charged per
+drafted token, a probe's catch-up made drafting look dear and kept sessions at γ = 0.
 """
 
 from dataclasses import asdict, dataclass, fields
+
+# Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
+# block's last token too after a full accept; the verifier gets the recovered or bonus token.
+STEADY_DRAFT_FED = 2
+STEADY_VERIFY_FED = 1
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -44,6 +54,8 @@ class CycleCosts:
     verify_transport_ms: float
     overhead_ms: float  # orchestration (the Redis commit is overlapped)
     drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
+    draft_fed: int = 1  # committed tokens each call fed its worker besides the block
+    verify_fed: int = 1
 
 
 @dataclass
@@ -61,7 +73,7 @@ class GammaPolicy:
     draft_ms_per_token: float = -1.0
     draft_transport_ms: float = -1.0
     verify_transport_ms: float = -1.0
-    overhead_ms: float = 0.0
+    overhead_ms: float = -1.0
     # Decayed least squares of verify compute against tokens verified (γ + 1).
     n: float = 0.0
     sx: float = 0.0
@@ -106,11 +118,13 @@ class GammaPolicy:
             verified = min(c.accepted + 1, c.gamma)  # a rejected token was verified too
             self.accepted = self.decay * self.accepted + c.accepted
             self.verified = self.decay * self.verified + verified
-        if c.gamma and not c.drafted_ahead:
+        if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             self.draft_ms_per_token = self._ewma(self.draft_ms_per_token, c.draft_compute_ms / c.gamma)
             self.draft_transport_ms = self._ewma(self.draft_transport_ms, c.draft_transport_ms)
+        self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
+        if c.verify_fed > STEADY_VERIFY_FED:
+            return
         self.verify_transport_ms = self._ewma(self.verify_transport_ms, c.verify_transport_ms)
-        self.overhead_ms = self._ewma(self.overhead_ms if self.n else -1.0, c.overhead_ms)
         x, y, d = c.gamma + 1.0, c.verify_compute_ms, self.decay
         self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + x, d * self.sy + y
         self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y

@@ -1,6 +1,7 @@
 """orchestrator.policy: the analytic model and the adaptive, serializable γ policy."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,40 @@ def test_choose_is_the_argmax_of_tokens_per_ms():
         for limit in range(0, 10):
             top = min(limit, policy.max_gamma)
             assert policy.choose(limit) == brute_force_choice(policy, top)
+
+
+def test_costs_are_learned_from_steady_cycles_only():
+    """A prefill, a re-prefill or a draft catching up feeds more tokens than a steady cycle
+    and costs accordingly: the per-token estimates must not learn from it."""
+    policy = GammaPolicy()
+    prefill = replace(cheap_good_cycle(4), draft_compute_ms=80.0, verify_compute_ms=90.0,
+                      draft_fed=60, verify_fed=60)
+    policy.observe(prefill)
+    assert policy.draft_ms_per_token < 0 and policy.n == 0 and policy.overhead_ms == 0.5
+    assert policy.choose() == policy.initial_gamma  # nothing steady measured yet
+    policy = trained(cheap_good_cycle, [4, 2, 4, 6] * 3)
+    before = policy.to_dict()
+    catch_up = replace(cheap_good_cycle(1), draft_compute_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
+    policy.observe(catch_up)
+    assert policy.draft_ms_per_token == before["draft_ms_per_token"]
+    assert policy.n > before["n"]  # the verifier's call was steady
+    assert policy.accepted == pytest.approx(policy.decay * before["accepted"] + 1)  # acceptance counts
+    policy.observe(replace(cheap_good_cycle(2), draft_compute_ms=2.0, draft_fed=2))  # a full accept: steady
+    assert policy.draft_ms_per_token > before["draft_ms_per_token"]
+
+
+def test_a_probe_that_catches_up_does_not_keep_the_policy_at_zero():
+    """Acceptance recovers; the probes' catch-up costs stay out of the per-token estimate."""
+    policy = trained(cheap_good_cycle, [2, 4, 3, 5, 2, 4])
+    policy.accepted, policy.verified = 0.0, 20.0  # a bad stretch of text: α near 0
+    gammas = []
+    for _ in range(40):
+        gamma = policy.choose()
+        gammas.append(gamma)
+        fed = 1 + (policy.zero_streak if gamma else 0)  # the draft catches up on γ-0 cycles
+        cycle = cheap_good_cycle(gamma)
+        policy.observe(replace(cycle, draft_compute_ms=cycle.draft_compute_ms + 2.0 * fed, draft_fed=fed))
+    assert gammas[0] == 0 and gammas[-1] >= 3
 
 
 def test_probe_after_a_streak_of_zero_cycles():

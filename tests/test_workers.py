@@ -425,11 +425,12 @@ def test_aio_clients_round_trip(servers, hf_draft, hf_target):
         target = VerifierClient(servers["target"], timeout_s=TIMEOUT_S)
         try:
             d_info, t_info = await draft.describe(), await target.describe()
-            proposal, draft_ms, draft_bytes = await draft.propose("aio", 0, tokens, 3, GREEDY)
-            verification, verify_ms, _ = await target.verify("aio", 0, tokens, proposal, GREEDY)
+            proposal, draft_ms, draft_bytes, draft_fed = await draft.propose("aio", 0, tokens, 3, GREEDY)
+            verification, verify_ms, _, verify_fed = await target.verify("aio", 0, tokens, proposal, GREEDY)
             miss = (await draft.propose("aio-unknown", 3, [4], 3, GREEDY)).answer
             released = await draft.release("aio"), await target.release("aio")
             assert draft_bytes > 4 * len(tokens)  # at least the packed prompt went out
+            assert draft_fed == verify_fed == len(tokens)  # what the policy learns steadiness from
             return d_info, t_info, proposal, verification, miss, released, draft_ms, verify_ms
         finally:
             await draft.close()
