@@ -58,12 +58,12 @@ class KVBuffer:
     def nbytes(self) -> int:
         return self.data.nelement() * self.data.element_size()
 
-    def reserve(self, length: int, keep: int) -> None:
-        """Make room for `length` positions, keeping the first `keep`."""
+    def reserve(self, length: int, held: int) -> None:
+        """Make room for `length` positions, copying the first `held` when it grows."""
         if length <= self.capacity:
             return
         grown = self.data.new_empty(*self.data.shape[:3], max(length, 2 * self.capacity), self.data.shape[4])
-        grown[:, :, :, :keep] = self.data[:, :, :, :keep]
+        grown[:, :, :, :held] = self.data[:, :, :, :held]
         self.data = grown
 
 
@@ -113,7 +113,7 @@ class LlamaPass:
         """Run tokens at positions start.. over the cache's first `start` positions, writing
         theirs → logits [keep, V] of the last `keep` tokens. Call under inference_mode."""
         n, end = len(tokens), start + len(tokens)
-        cache.reserve(end, keep=start)
+        cache.reserve(end, held=start)
         cos, sin = self._rope(start, end)  # [n, d] each
         # Query i sees keys 0..start+i; a single query needs no mask.
         mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)

@@ -64,8 +64,9 @@ def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, case):
         got = runtime.extend("s", cache_len, tokens, keep=keep)
         assert got.shape == (keep, VOCAB)
         torch.testing.assert_close(got, _hf_logits(hf, seq)[-keep:], atol=2e-5, rtol=1e-4)
-    assert runtime.cache_bytes == runtime._sessions["s"].cache.nbytes
-    assert runtime._sessions["s"].cache.capacity == 92  # 16, then the 46 needed, then doubled
+    c = hf.config
+    capacity = 92  # 16 positions, then the 46 needed, then doubled
+    assert runtime.cache_bytes == c.num_hidden_layers * 2 * c.num_key_value_heads * capacity * c.head_dim * 4
 
 
 def test_bfloat16_matches_hf_in_bfloat16(tmp_path):
@@ -138,9 +139,9 @@ def test_failed_pass_forgets_the_session(tmp_path):
 def test_buffer_growth_keeps_the_prefix():
     data = torch.arange(2 * 2 * 1 * 4 * 3, dtype=torch.float32).view(2, 2, 1, 4, 3)
     buf = KVBuffer(data.clone())
-    buf.reserve(4, keep=4)
+    buf.reserve(4, held=4)
     assert buf.capacity == 4
-    buf.reserve(5, keep=3)
+    buf.reserve(5, held=3)
     assert buf.capacity == 8 and torch.equal(buf.data[:, :, :, :3], data[:, :, :, :3])
-    buf.reserve(20, keep=8)
+    buf.reserve(20, held=8)
     assert buf.capacity == 20
