@@ -19,6 +19,8 @@ drafted token, a probe's catch-up made drafting look dear and kept sessions at Î
 
 from dataclasses import asdict, dataclass, fields
 
+from tandem.sampling import verified_tokens
+
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
 STEADY_DRAFT_FED = 2
@@ -115,9 +117,8 @@ class GammaPolicy:
         """Fold one cycle's measurements into the estimates."""
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         if c.gamma:
-            verified = min(c.accepted + 1, c.gamma)  # a rejected token was verified too
             self.accepted = self.decay * self.accepted + c.accepted
-            self.verified = self.decay * self.verified + verified
+            self.verified = self.decay * self.verified + verified_tokens(c.accepted, c.gamma)
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             self.draft_ms_per_token = self._ewma(self.draft_ms_per_token, c.draft_compute_ms / c.gamma)
             self.draft_transport_ms = self._ewma(self.draft_transport_ms, c.draft_transport_ms)

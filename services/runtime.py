@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from services.llama import LlamaPass, to_column_major, unsupported
 from tandem.codec import ModelInfo
@@ -89,7 +89,7 @@ class ModelRuntime:
         torch_dtype = getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
         model.to(self.device).eval()
-        config = AutoConfig.from_pretrained(model_dir)
+        config = model.config
         self.info = ModelInfo(
             model=model_dir,
             vocab_size=int(model.get_output_embeddings().weight.shape[0]),

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tandem.sampling import SamplingParams
+from tandem.sampling import SamplingParams, verified_tokens
 from tandem.v1 import generation_pb2, sampling_pb2, worker_pb2
 
 # --- sampling parameters and draft distributions --------------------------------------------
@@ -261,7 +261,7 @@ class CycleTotals:
     @property
     def verified_tokens(self) -> int:
         """Accepted plus the one rejected token of each cycle that rejected."""
-        return sum(min(c.accepted + 1, c.gamma) for c in self.per_cycle)
+        return sum(verified_tokens(c.accepted, c.gamma) for c in self.per_cycle)
 
     @property
     def gammas(self) -> list[int]:

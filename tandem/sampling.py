@@ -7,7 +7,8 @@ tandem.rng). Each side of a cycle uses its part:
   the meaning of Hugging Face's temperature, top-k and top-p warpers, and `sample` draws it;
 - the target verifier: `verify_block` returns, per drafted position, the target probability of
   the drafted token and a pre-drawn recovered token, plus a pre-drawn bonus token;
-- the orchestrator: `count_accepted` and `output_tokens` decide the cycle's output.
+- the orchestrator: `count_accepted` and `output_tokens` decide the cycle's output, and
+  `verified_tokens` counts what α divides by.
 
 Exactness: position i is accepted with probability min(1, target/draft); on the first
 rejection the output is drawn from norm(max(0, target - draft)); if all γ pass, from the
@@ -141,3 +142,9 @@ def output_tokens(
     """A cycle's output: the accepted prefix, then the recovered token or the bonus."""
     last = recovered_tokens[accepted] if accepted < len(draft_tokens) else bonus_token
     return [*draft_tokens[:accepted], last]
+
+
+def verified_tokens(accepted: int, gamma: int) -> int:
+    """Drafted tokens the target verified in a cycle: the accepted ones, plus the rejected one
+    (tokens after a rejection were never verified). α = accepted / verified."""
+    return min(accepted + 1, gamma)

@@ -9,8 +9,7 @@ from transformers import AutoModelForCausalLM
 from services.llama import KVBuffer, LlamaPass, unsupported
 from services.runtime import CacheMiss, HFPass, ModelRuntime
 from tandem.randompair import llama_config, save_random_model
-
-VOCAB = 96
+from test_workers import VOCAB, hf_logits, prompt
 
 
 def _config(**overrides):
@@ -23,15 +22,6 @@ def _config(**overrides):
 def _load(tmp_path, name: str, dtype: str = "float32", **overrides) -> tuple[str, torch.nn.Module]:
     path = save_random_model(_config(**overrides), str(tmp_path / name), seed=7)
     return path, AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-
-
-def _hf_logits(model, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0]  # [n, V], no cache
-
-
-def _tokens(n: int, seed: int) -> list[int]:
-    return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 ROPE = {
@@ -53,17 +43,17 @@ def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, case):
     assert unsupported(hf) is None
     runtime = ModelRuntime(path)
     assert isinstance(runtime.forward_pass, LlamaPass)
-    seq = _tokens(10, seed=1)
+    seq = prompt(10, seed=1)
     # A 10-token prefill makes a 16-position buffer: the steps below grow it twice.
-    steps = [(len(seq), _tokens(1, 2), 1), (11, _tokens(4, 3), 4), (13, _tokens(3, 4), 2),  # crop 15 → 13
-             (16, _tokens(30, 5), 5), (46, _tokens(1, 6), 1)]
+    steps = [(len(seq), prompt(1, 2), 1), (11, prompt(4, 3), 4), (13, prompt(3, 4), 2),  # crop 15 → 13
+             (16, prompt(30, 5), 5), (46, prompt(1, 6), 1)]
     got = runtime.extend("s", 0, seq)
-    torch.testing.assert_close(got, _hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got, hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
     for cache_len, tokens, keep in steps:
         seq = seq[:cache_len] + tokens
         got = runtime.extend("s", cache_len, tokens, keep=keep)
         assert got.shape == (keep, VOCAB)
-        torch.testing.assert_close(got, _hf_logits(hf, seq)[-keep:], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(got, hf_logits(hf, seq)[-keep:], atol=2e-5, rtol=1e-4)
     c = hf.config
     capacity = 92  # 16 positions, then the 46 needed, then doubled
     assert runtime.cache_bytes == c.num_hidden_layers * 2 * c.num_key_value_heads * capacity * c.head_dim * 4
@@ -73,23 +63,23 @@ def test_bfloat16_matches_hf_in_bfloat16(tmp_path):
     path, hf = _load(tmp_path, "bf16", dtype="bfloat16")
     runtime = ModelRuntime(path, dtype="bfloat16")
     assert isinstance(runtime.forward_pass, LlamaPass)
-    seq = _tokens(12, seed=8)
+    seq = prompt(12, seed=8)
     got = runtime.extend("s", 0, seq[:9])
     got = torch.cat([got, runtime.extend("s", 9, seq[9:])])
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), _hf_logits(hf, seq).float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got.float(), hf_logits(hf, seq), atol=0.05, rtol=0.02)
 
 
 def test_greedy_decoding_matches_hf_generate(tmp_path):
     path, hf = _load(tmp_path, "g")
     runtime = ModelRuntime(path)
-    prompt = _tokens(8, seed=9)
-    want = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None,
-                       pad_token_id=0)[0, len(prompt):].tolist()
-    got, logits = [], runtime.extend("s", 0, prompt, keep=1)
+    start = prompt(8, seed=9)
+    want = hf.generate(torch.tensor([start]), max_new_tokens=40, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(start):].tolist()
+    got, logits = [], runtime.extend("s", 0, start, keep=1)
     for i in range(40):
         got.append(int(logits[-1].argmax()))
-        logits = runtime.extend("s", len(prompt) + i, got[-1:])
+        logits = runtime.extend("s", len(start) + i, got[-1:])
     assert got == want
 
 
@@ -113,10 +103,10 @@ def test_other_models_run_through_hf_and_still_match(tmp_path, override, reason)
     assert reason in unsupported(hf)
     runtime = ModelRuntime(path)
     assert isinstance(runtime.forward_pass, HFPass)
-    seq = _tokens(14, seed=10)
+    seq = prompt(14, seed=10)
     runtime.extend("s", 0, seq[:10])
     got = runtime.extend("s", 8, seq[8:], keep=3)  # crop 10 → 8
-    torch.testing.assert_close(got, _hf_logits(hf, seq)[-3:], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(got, hf_logits(hf, seq)[-3:], atol=2e-5, rtol=1e-4)
 
 
 def test_failed_pass_forgets_the_session(tmp_path):
@@ -133,7 +123,7 @@ def test_failed_pass_forgets_the_session(tmp_path):
     with pytest.raises(CacheMiss):
         runtime.extend("s", 5, [40, 41])
     seq = [*range(3, 8), 40, 41]
-    torch.testing.assert_close(runtime.extend("s", 0, seq), _hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(runtime.extend("s", 0, seq), hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
 
 
 def test_buffer_growth_keeps_the_prefix():

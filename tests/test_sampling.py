@@ -26,6 +26,7 @@ from tandem.sampling import (
     residual,
     sample,
     verify_block,
+    verified_tokens,
     verify_greedy,
     warp,
 )
@@ -397,6 +398,11 @@ def test_output_tokens():
     assert output_tokens([5, 6, 7], 2, [1, 2, 3], 9) == [5, 6, 3]
     assert output_tokens([5, 6, 7], 3, [1, 2, 3], 9) == [5, 6, 7, 9]
     assert output_tokens([], 0, [], 4) == [4]
+
+
+def test_verified_tokens_count_the_rejected_one_but_not_what_follows():
+    assert verified_tokens(0, 3) == 1 and verified_tokens(2, 3) == 3 and verified_tokens(3, 3) == 3
+    assert verified_tokens(0, 0) == 0  # γ = 0 verifies no draft
 
 
 # --- greedy ----------------------------------------------------------------------------------

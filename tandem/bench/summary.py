@@ -13,6 +13,7 @@ import numpy as np
 
 from orchestrator.policy import expected_tokens
 from tandem.bench.runs import Run
+from tandem.sampling import verified_tokens
 
 PARTS = ("draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms")
 
@@ -52,7 +53,7 @@ def acceptance(runs: list[Run]) -> dict:
         return {"mean_acceptance_length": sum(r.tokens for r in runs) / steps if steps else None}
     drafted = sum(c["gamma"] for c in cs)
     accepted = sum(c["accepted"] for c in cs)
-    verified = sum(min(c["accepted"] + 1, c["gamma"]) for c in cs)
+    verified = sum(verified_tokens(c["accepted"], c["gamma"]) for c in cs)
     return {
         "acceptance_rate": accepted / verified if verified else None,
         "mean_acceptance_length": sum(c["output_tokens"] for c in cs) / len(cs),
@@ -65,7 +66,7 @@ def acceptance_by_position(runs: list[Run], max_gamma: int) -> list[float | None
     """P(position i of a block is accepted | the block reached position i), i = 0 … max_gamma−1."""
     reached, passed = np.zeros(max_gamma), np.zeros(max_gamma)
     for c in cycles(runs):
-        for i in range(min(c["gamma"], c["accepted"] + 1, max_gamma)):
+        for i in range(min(verified_tokens(c["accepted"], c["gamma"]), max_gamma)):
             reached[i] += 1
             passed[i] += i < c["accepted"]
     return [float(p / n) if n else None for p, n in zip(passed, reached)]
