@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.clients import DraftClient, VerifierClient
-from orchestrator.cycle import Session, SpeculativeLoop
-from orchestrator.policy import GammaPolicy
-from orchestrator.redis_server import EmbeddedRedis
-from orchestrator.store import SessionRecord, SessionStore
 from tandem.local import spawn_worker, stop_processes
-from tandem.sampling import SamplingParams
+from tandem.math.params import SamplingParams
+from tandem.orchestrator.clients import DraftClient, VerifierClient
+from tandem.orchestrator.cycle import Session, SpeculativeLoop
+from tandem.orchestrator.policy import GammaPolicy
+from tandem.orchestrator.redis_server import EmbeddedRedis
+from tandem.orchestrator.store import SessionRecord, SessionStore
 from tandem.suitability import load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,9 +2,9 @@
 pass `ModelRuntime` can use, interleaved so that all see the same machine:
 
 - Hugging Face stock: the module tree as loaded (what the HF baselines of `tandem bench` run);
-- Hugging Face column-major: the same with `services.runtime.gemm_friendly_layout`, the
+- Hugging Face column-major: the same with `tandem.services.runtime.gemm_friendly_layout`, the
   runtime's pass for architectures the Llama pass does not cover;
-- Llama pass: `services.llama.LlamaPass`, the runtime's pass for the shipped pair.
+- Llama pass: `tandem.services.llama.LlamaPass`, the runtime's pass for the shipped pair.
 
 Writes results/forward_pass.{json,md,png}; reproduces the table in benchmarks/README.md.
 
@@ -23,8 +23,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from services.llama import LlamaPass
-from services.runtime import HFPass
+from tandem.services.llama import LlamaPass
+from tandem.services.runtime import HFPass
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tandem.corpus import function_prompts, thirdparty_files
+from tandem.bench.corpus import function_prompts, thirdparty_files
 
 OUT = Path(__file__).resolve().parent / "prompts" / "heldout.jsonl"
 

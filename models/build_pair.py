@@ -24,22 +24,22 @@ models/loss.png. Intermediate files go to .tandem/build/.
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from tandem.bench.corpus import read, stdlib_files, thirdparty_files
+from tandem.suitability import check_pair, load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>"]
 
-from tandem.corpus import read, stdlib_files, thirdparty_files  # noqa: E402
-from tandem.randompair import train_tokenizer  # noqa: E402
-from tandem.suitability import check_pair, load_prompts  # noqa: E402
 
 @dataclass(frozen=True)
 class Shape:
@@ -95,8 +95,20 @@ def split_corpus(files: list[Path]) -> tuple[list[Path], list[Path]]:
 # --- 2. tokenizer ------------------------------------------------------------------------------
 
 
+def train_tokenizer(texts, vocab_size: int, length: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with tandem's special tokens (pad, bos, eos), with a progress bar."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=True,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer, length=length)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIAL[0], bos_token=SPECIAL[1],
+                                   eos_token=SPECIAL[2], model_max_length=1024)
+
+
 def train_and_save_tokenizer(files: list[Path], vocab: int, out: Path):
-    train_tokenizer((read(f) for f in files), vocab, show_progress=True, length=len(files)).save_pretrained(out)
+    train_tokenizer((read(f) for f in files), vocab, length=len(files)).save_pretrained(out)
     return AutoTokenizer.from_pretrained(out)
 
 
@@ -288,6 +300,7 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     work = args.work / args.budget
     work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
 
     train_files, val_files = split_corpus(stdlib_files())

@@ -1,14 +1,17 @@
 """The builder: a validated OrchestratorConfig → the Ray Serve application, and the function
 that runs it behind Ray Serve's gRPC ingress."""
 
+import logging
 import os
 
 import ray
 from ray import serve
 from ray.serve.config import HTTPOptions, gRPCOptions
 
-from orchestrator.config import OrchestratorConfig
-from orchestrator.deployment import GenerationService
+from tandem.orchestrator.config import OrchestratorConfig
+from tandem.orchestrator.deployment import GenerationService
+
+log = logging.getLogger("tandem.orchestrator")
 
 SERVICER_FUNCTIONS = ["tandem.v1.generation_pb2_grpc.add_GenerationServicer_to_server"]
 
@@ -36,15 +39,29 @@ def start_ingress(config: OrchestratorConfig, grpc_port: int, http_port: int = 0
     if not ray.is_initialized():
         for name, value in SERVE_THROUGHPUT_ENV.items():
             os.environ.setdefault(name, value)  # inherited by the Ray processes started below
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
-    from orchestrator.redis_server import free_port
+        _init_ray()
+    from tandem.orchestrator.redis_server import free_port
 
     serve.start(
         http_options=HTTPOptions(host=host, port=http_port or free_port()),
         grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=SERVICER_FUNCTIONS),
     )
     serve.run(build_app(config), name=config.app_name, route_prefix=f"/{config.app_name}", blocking=False)
+
+
+def _init_ray(attempts: int = 2) -> None:
+    """ray.init, again if the local node does not register within Ray's fixed 30 s: seen here
+    once, on a busy 2-core machine, a raylet that never started; a second start succeeded."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
+            return
+        except Exception as e:  # Ray raises a bare Exception for it
+            if attempt == attempts or "timed out during startup" not in str(e):
+                raise
+            log.warning("Ray's local node did not start (%s); starting it again", e)
+            ray.shutdown()
 
 
 def stop_ingress() -> None:

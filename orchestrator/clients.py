@@ -16,9 +16,10 @@ import grpc
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
-from tandem import codec, tracing
-from tandem.sampling import SamplingParams
+from tandem import tracing
+from tandem.math.params import SamplingParams
 from tandem.v1 import worker_pb2_grpc
+from tandem.wire import worker as wire
 
 _OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
@@ -28,7 +29,7 @@ _OPTIONS = [
 
 
 class Reply(NamedTuple):
-    answer: Any  # codec.Proposal / codec.Verification, None on a cache miss
+    answer: Any  # wire.Proposal / wire.Verification, None on a cache miss
     wall_ms: float
     wire_bytes: int  # request plus response payload
     fed: int = 0  # committed tokens the request fed the worker (a draft block not counted)
@@ -53,14 +54,14 @@ class _WorkerClient:
         self.stub = self.stub_class(self.channel)
         self._streams: dict[str, _SessionStream] = {}
 
-    async def describe(self) -> codec.ModelInfo:
-        msg = await self.stub.Describe(codec.describe_request(), timeout=self.timeout_s, wait_for_ready=True)
-        return codec.model_info_from_pb(msg)
+    async def describe(self) -> wire.ModelInfo:
+        msg = await self.stub.Describe(wire.describe_request(), timeout=self.timeout_s, wait_for_ready=True)
+        return wire.model_info_from_pb(msg)
 
     async def release(self, session_id: str, parent: Context | None = None) -> bool:
         await self.end_stream(session_id)
         with self._span("Release", parent) as (_, metadata):
-            msg = await self.stub.Release(codec.release_request(session_id), timeout=self.timeout_s,
+            msg = await self.stub.Release(wire.release_request(session_id), timeout=self.timeout_s,
                                           metadata=metadata)
             return msg.released
 
@@ -135,10 +136,10 @@ class DraftClient(_WorkerClient):
     ) -> Reply:
         """ahead: a draft past the block under verification (marked on its span)."""
         def encode(trace_context):
-            return codec.propose_request(session_id, cache_len, tokens, gamma, params, trace_context)
+            return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context)
 
         attributes = {"tandem.draft_ahead": True} if ahead else None
-        return await self._call("Propose", encode, codec.proposal_from_pb, session_id, parent, attributes)
+        return await self._call("Propose", encode, wire.proposal_from_pb, session_id, parent, attributes)
 
 
 class VerifierClient(_WorkerClient):
@@ -146,10 +147,10 @@ class VerifierClient(_WorkerClient):
     stream_rpc = "VerifyStream"
 
     async def verify(
-        self, session_id: str, cache_len: int, tokens: list[int], proposal: codec.Proposal | None,
+        self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,
         params: SamplingParams, parent: Context | None = None,
     ) -> Reply:
         def encode(trace_context):
-            return codec.verify_request(session_id, cache_len, tokens, proposal, params, trace_context)
+            return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context)
 
-        return await self._call("Verify", encode, codec.verification_from_pb, session_id, parent)
+        return await self._call("Verify", encode, wire.verification_from_pb, session_id, parent)

@@ -26,13 +26,15 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
-from orchestrator.clients import DraftClient, Reply, VerifierClient
-from orchestrator.policy import CycleCosts, GammaPolicy
-from orchestrator.store import SessionStore
 from tandem import tracing
-from tandem.codec import CycleStats, Proposal, Stats
-from tandem.rng import Purpose, uniforms
-from tandem.sampling import SamplingParams, count_accepted, output_tokens
+from tandem.math.acceptance import count_accepted, output_tokens
+from tandem.math.params import SamplingParams
+from tandem.math.rng import Purpose, uniforms
+from tandem.orchestrator.clients import DraftClient, Reply, VerifierClient
+from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+from tandem.orchestrator.store import SessionStore
+from tandem.wire.generation import CycleStats, Stats
+from tandem.wire.worker import Proposal
 
 
 @dataclass

@@ -17,21 +17,21 @@ import uuid
 from pathlib import Path
 
 import grpc
-from ray import serve
-
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from ray import serve
 
-from orchestrator import metrics
-from orchestrator.clients import DraftClient, VerifierClient
-from orchestrator.config import OrchestratorConfig
-from orchestrator.cycle import Session, SpeculativeLoop
-from orchestrator.detokenizer import IncrementalDetokenizer
-from orchestrator.policy import GammaPolicy
-from orchestrator.requests import Limits, ResolvedRequest, resolve
-from orchestrator.store import SessionRecord, SessionStore
-from tandem import codec, tracing
-from tandem.validation import FieldError
+from tandem import tracing
+from tandem.orchestrator import metrics
+from tandem.orchestrator.clients import DraftClient, VerifierClient
+from tandem.orchestrator.config import OrchestratorConfig
+from tandem.orchestrator.cycle import Session, SpeculativeLoop
+from tandem.orchestrator.detokenizer import IncrementalDetokenizer
+from tandem.orchestrator.policy import GammaPolicy
+from tandem.orchestrator.requests import Limits, ResolvedRequest, resolve
+from tandem.orchestrator.store import SessionRecord, SessionStore
+from tandem.wire import generation as wire
+from tandem.wire.validation import FieldError
 
 log = logging.getLogger("tandem.orchestrator")
 
@@ -68,7 +68,7 @@ class GenerationService:
             self._ready = asyncio.ensure_future(self._connect())
         await asyncio.shield(self._ready)
         try:
-            resolved = resolve(codec.generation_request_from_pb(request), self.limits, self.tokenizer)
+            resolved = resolve(wire.generation_request_from_pb(request), self.limits, self.tokenizer)
         except FieldError as e:
             grpc_context.set_code(e.code)
             grpc_context.set_details(str(e))
@@ -113,7 +113,7 @@ class GenerationService:
                 clock.delivered(len(out.tokens), session.finish_reason if out.finished else "")
                 text = detok.push(out.tokens, final=out.finished)
                 last = out.finished
-                yield codec.Chunk(session.session_id, out.tokens, text,
+                yield wire.Chunk(session.session_id, out.tokens, text,
                                   session.finish_reason if last else "", session.stats if last else None)
         except grpc.aio.AioRpcError as e:  # a worker failed: tell the client which and why
             grpc_context.set_code(grpc.StatusCode.UNAVAILABLE if e.code() == grpc.StatusCode.UNAVAILABLE
@@ -138,11 +138,11 @@ class GenerationService:
 
     async def Generate(self, request, grpc_context):
         chunks = [c async for c in self._chunks(request, grpc_context)]
-        return codec.response_to_pb(chunks[0].session_id, chunks)
+        return wire.response_to_pb(chunks[0].session_id, chunks)
 
     async def GenerateStream(self, request, grpc_context):
         async for chunk in self._chunks(request, grpc_context):
-            yield codec.chunk_to_pb(chunk)
+            yield wire.chunk_to_pb(chunk)
 
 
 def _describe(span, session: Session, model: str) -> None:

@@ -6,7 +6,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from tandem.codec import CycleStats
+from tandem.wire.generation import CycleStats
 
 REGISTRY = CollectorRegistry()
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -19,29 +19,13 @@ drafted token, a probe's catch-up made drafting look dear and kept sessions at �
 
 from dataclasses import asdict, dataclass, fields
 
-from tandem.sampling import verified_tokens
+from tandem.math.acceptance import verified_tokens
+from tandem.math.analytic import expected_tokens
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
 STEADY_DRAFT_FED = 2
 STEADY_VERIFY_FED = 1
-
-
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """E[output tokens per target pass] = 1 + α + … + α^γ (accepted plus recovered/bonus)."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def analytic_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """Speedup over plain target decoding when a draft token costs 1/cost_ratio of a target pass."""
-    return expected_tokens(alpha, gamma) / (1.0 + gamma / cost_ratio)
-
-
-def best_gamma(alpha: float, cost_ratio: float, max_gamma: int) -> int:
-    """The γ in [0, max_gamma] maximizing analytic_speedup (the smallest on ties)."""
-    return max(range(max_gamma + 1), key=lambda g: (analytic_speedup(alpha, g, cost_ratio), -g))
 
 
 @dataclass

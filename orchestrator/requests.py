@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import grpc
 
-from tandem.codec import GenerationRequest, ModelInfo
-from tandem.sampling import SamplingParams
-from tandem.validation import FieldError, check_sampling, check_token_ids, invalid, out_of_range
+from tandem.math.params import SamplingParams
+from tandem.wire.generation import GenerationRequest
+from tandem.wire.validation import FieldError, check_sampling, check_token_ids, invalid, out_of_range
+from tandem.wire.worker import ModelInfo
 
 
 @dataclass(frozen=True)

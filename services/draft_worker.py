@@ -2,13 +2,15 @@
 
 import torch
 
-from services.runtime import ModelRuntime
-from services.server import WorkerServicer
-from tandem import codec
-from tandem.rng import Purpose, uniform
-from tandem.sampling import SamplingParams, sample, warp
+from tandem.math.params import SamplingParams
+from tandem.math.rng import Purpose, uniform
+from tandem.math.sampling import sample, warp
+from tandem.services import distributions
+from tandem.services.runtime import ModelRuntime
+from tandem.services.server import WorkerServicer
 from tandem.v1 import worker_pb2_grpc
-from tandem.validation import check_context, invalid
+from tandem.wire import worker as wire
+from tandem.wire.validation import check_context, invalid
 
 MAX_GAMMA = 64
 
@@ -16,7 +18,7 @@ MAX_GAMMA = 64
 def propose(
     runtime: ModelRuntime, session_id: str, cache_len: int, tokens: list[int], gamma: int,
     params: SamplingParams,
-) -> codec.Proposal:
+) -> wire.Proposal:
     """Draft gamma tokens after the committed sequence. Raises CacheMiss.
 
     The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
@@ -38,8 +40,8 @@ def propose(
         if i + 1 < gamma:
             logits = runtime.extend(session_id, position + i, [token])[-1]
     # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.
-    wire = [] if params.greedy else codec.distributions_to_pb(torch.stack(dists))
-    return codec.Proposal(drafted, token_probs, wire, 0.0)
+    packed = [] if params.greedy else distributions.pack(torch.stack(dists))
+    return wire.Proposal(drafted, token_probs, packed, 0.0)
 
 
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
@@ -58,7 +60,7 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
                 request.gamma, params,
             )
 
-        return codec.propose_response(await self.answer(context, "Propose", request, work))
+        return wire.propose_response(await self.answer(context, "Propose", request, work))
 
     async def ProposeStream(self, requests, context):
         async for request in requests:

@@ -4,8 +4,8 @@ Caches are soft state (Redis holds the truth): every call says how many committe
 caller believes the cache holds (`cache_len`); the runtime crops to it and extends, or reports
 a miss when it holds fewer. Least-recently-used sessions are evicted under a memory bound.
 
-The forward pass is `services.llama.LlamaPass` for the Llama architecture (the same function
-in fewer operator calls), and Hugging Face's own for every other model.
+The forward pass is `tandem.services.llama.LlamaPass` for the Llama architecture (the same
+function in fewer operator calls), and Hugging Face's own for every other model.
 """
 
 import logging
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from services.llama import LlamaPass, to_column_major, unsupported
-from tandem.codec import ModelInfo
+from tandem.services.llama import LlamaPass, to_column_major, unsupported
+from tandem.wire.worker import ModelInfo
 
 log = logging.getLogger("tandem.worker")
 

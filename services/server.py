@@ -9,14 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from services import metrics
-from services.runtime import CacheMiss, ModelRuntime
-from tandem import codec, tracing
-from tandem.validation import FieldError, check_context, check_sampling, check_session_id, check_token_ids
+from tandem import tracing
+from tandem.math.params import SamplingParams
+from tandem.services import metrics
+from tandem.services.runtime import CacheMiss, ModelRuntime
+from tandem.wire import worker as wire
+from tandem.wire.validation import FieldError, check_context, check_sampling, check_session_id, check_token_ids
 
 log = logging.getLogger("tandem.worker")
 
@@ -59,8 +60,8 @@ class WorkerServicer:
         check_token_ids("tokens", tokens, info.vocab_size)
         check_context("tokens", cache_len + len(tokens), info.max_context)
 
-    def check_sampling(self, msg) -> "codec.SamplingParams":
-        params = codec.sampling_from_pb(msg)
+    def check_sampling(self, msg) -> SamplingParams:
+        params = wire.sampling_from_pb(msg)
         check_sampling(params.temperature, params.top_k, params.top_p, prefix="sampling.")
         return params
 
@@ -110,10 +111,10 @@ class WorkerServicer:
                 self._model_thread, self.runtime.release, request.session_id
             )
 
-        return codec.release_response(await self.answer(context, "Release", request, work))
+        return wire.release_response(await self.answer(context, "Release", request, work))
 
     async def Describe(self, request, context):
-        return codec.model_info_to_pb(self.runtime.info)
+        return wire.model_info_to_pb(self.runtime.info)
 
 
 async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int) -> tuple[grpc.aio.Server, int]:
@@ -143,7 +144,7 @@ def run_worker(
     Prometheus metrics on metrics_port (0: none)."""
     import torch
 
-    from services import draft_worker, target_verifier
+    from tandem.services import draft_worker, target_verifier
 
     if threads:
         torch.set_num_threads(threads)

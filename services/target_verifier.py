@@ -2,13 +2,15 @@
 
 import torch
 
-from services.runtime import ModelRuntime
-from services.server import WorkerServicer
-from tandem import codec
-from tandem.rng import Purpose, uniform, uniforms
-from tandem.sampling import SamplingParams, verify_block, verify_greedy, warp
+from tandem.math.params import SamplingParams
+from tandem.math.rng import Purpose, uniform, uniforms
+from tandem.math.sampling import verify_block, verify_greedy, warp
+from tandem.services import distributions
+from tandem.services.runtime import ModelRuntime
+from tandem.services.server import WorkerServicer
 from tandem.v1 import worker_pb2_grpc
-from tandem.validation import check_context, check_token_ids, invalid
+from tandem.wire import worker as wire
+from tandem.wire.validation import check_context, check_token_ids, invalid
 
 MAX_GAMMA = 64
 
@@ -16,7 +18,7 @@ MAX_GAMMA = 64
 def verify(
     runtime: ModelRuntime, session_id: str, cache_len: int, tokens: list[int],
     draft_tokens: list[int], draft_probs: torch.Tensor | None, params: SamplingParams,
-) -> codec.Verification:
+) -> wire.Verification:
     """Check a draft block. draft_probs [γ, V], or None for one-hot drafts. Raises CacheMiss.
 
     The cache ends holding the committed tokens and the whole draft block; the orchestrator's
@@ -37,7 +39,7 @@ def verify(
             torch.tensor(uniforms(params.seed, position, gamma, Purpose.RECOVERED), dtype=torch.float64),
             uniform(params.seed, position + gamma, Purpose.BONUS),
         )
-    return codec.Verification(
+    return wire.Verification(
         verdict.target_token_probs.tolist(), verdict.recovered_tokens.tolist(),
         verdict.bonus_token, 0.0,
     )
@@ -61,7 +63,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 if len(request.draft_distributions) != len(request.draft_tokens):
                     raise invalid("draft_distributions", "need one per drafted token")
                 try:
-                    draft_probs = codec.distributions_from_pb(request.draft_distributions, info.vocab_size)
+                    draft_probs = distributions.unpack(request.draft_distributions, info.vocab_size)
                 except ValueError as e:
                     raise invalid("draft_distributions", str(e)) from None
             elif request.draft_tokens and not params.greedy:
@@ -71,7 +73,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 list(request.draft_tokens), draft_probs, params,
             )
 
-        return codec.verify_response(await self.answer(context, "Verify", request, work))
+        return wire.verify_response(await self.answer(context, "Verify", request, work))
 
     async def VerifyStream(self, requests, context):
         async for request in requests:

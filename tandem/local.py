@@ -72,9 +72,9 @@ class LocalCluster:
         return f"{self.host}:{self.grpc_port}"
 
     def start(self) -> "LocalCluster":
-        from orchestrator.app import start_ingress
-        from orchestrator.config import OrchestratorConfig
-        from orchestrator.redis_server import EmbeddedRedis
+        from tandem.orchestrator.app import start_ingress
+        from tandem.orchestrator.config import OrchestratorConfig
+        from tandem.orchestrator.redis_server import EmbeddedRedis
 
         try:
             if not self.redis_url:
@@ -100,7 +100,7 @@ class LocalCluster:
         return self
 
     def stop(self) -> None:
-        from orchestrator.app import stop_ingress
+        from tandem.orchestrator.app import stop_ingress
 
         if self._ingress:
             stop_ingress()

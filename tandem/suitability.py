@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from orchestrator.policy import analytic_speedup, best_gamma
-from services.runtime import eos_token_ids
+from tandem.math.analytic import analytic_speedup, best_gamma
+from tandem.services.runtime import eos_token_ids
 
 COST_RULE = 0.15  # draft/target cost per token, the usual ceiling for a useful draft
 SUITABLE_SPEEDUP = 1.3

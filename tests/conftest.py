@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from tandem.randompair import build_tokenizer, llama_config
+from randompair import build_tokenizer, llama_config
 
 PROMPT_LEN = 8
 
@@ -60,7 +60,7 @@ def target_model(pair):
 
 @pytest.fixture(scope="session")
 def redis_url():
-    from orchestrator.redis_server import EmbeddedRedis
+    from tandem.orchestrator.redis_server import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         yield server.url
@@ -82,8 +82,8 @@ def otlp():
 @pytest.fixture(scope="session")
 def workers(pair, otlp):
     """A draft worker and a target verifier as real processes (`tandem worker`)."""
-    from orchestrator.redis_server import free_port
     from tandem.local import spawn_worker, stop_processes
+    from tandem.orchestrator.redis_server import free_port
 
     ports = {"draft": free_port(), "target": free_port()}  # Prometheus
     procs = [spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32", metrics_port=ports[kind])
@@ -96,9 +96,9 @@ def workers(pair, otlp):
 @pytest.fixture(scope="session")
 def cluster(pair, workers, redis_url):
     """The whole cluster: Ray Serve's gRPC ingress in front of the orchestrator deployment."""
-    from orchestrator.app import start_ingress, stop_ingress
-    from orchestrator.config import OrchestratorConfig
-    from orchestrator.redis_server import free_port
+    from tandem.orchestrator.app import start_ingress, stop_ingress
+    from tandem.orchestrator.config import OrchestratorConfig
+    from tandem.orchestrator.redis_server import free_port
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     config = OrchestratorConfig(draft_address=workers["draft"], target_address=workers["target"],

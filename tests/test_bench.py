@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from orchestrator.policy import expected_tokens
-from tandem.bench import BenchConfig, run_bench, summary
+from tandem.bench import summary
+from tandem.bench.harness import BenchConfig, run_bench
 from tandem.bench.runs import Run
+from tandem.math.analytic import expected_tokens
 
 
 def cycle(gamma, accepted, output, draft=1.0, verify=4.0, drafted_ahead=False, ahead=0.0):

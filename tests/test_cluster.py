@@ -10,8 +10,9 @@ import torch
 from scipy.stats import chisquare
 
 import tandem
-from orchestrator.store import SessionStore
-from tandem.sampling import SamplingParams, warp
+from tandem.math.params import SamplingParams
+from tandem.math.sampling import warp
+from tandem.orchestrator.store import SessionStore
 
 pytestmark = pytest.mark.cluster
 MAX_TOKENS = 24
@@ -195,7 +196,7 @@ def test_text_prompt_without_tokenizer_is_failed_precondition(cluster):
 
     from ray import serve
 
-    from orchestrator.app import build_app
+    from tandem.orchestrator.app import build_app
 
     config = replace(cluster["config"], tokenizer=None, app_name="ids-only", metrics_port=0)
     serve.run(build_app(config), name="ids-only", route_prefix="/ids-only")

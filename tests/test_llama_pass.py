@@ -6,9 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from services.llama import KVBuffer, LlamaPass, unsupported
-from services.runtime import CacheMiss, HFPass, ModelRuntime
-from tandem.randompair import llama_config, save_random_model
+from tandem.services.llama import KVBuffer, LlamaPass, unsupported
+from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime
+
+from randompair import llama_config, save_random_model
 from test_workers import VOCAB, hf_logits, prompt
 
 

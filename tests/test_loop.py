@@ -4,11 +4,11 @@ import asyncio
 
 import torch
 
-from orchestrator.clients import DraftClient, VerifierClient
-from orchestrator.cycle import Session, SpeculativeLoop
-from orchestrator.policy import GammaPolicy
-from orchestrator.store import SessionRecord, SessionStore
-from tandem.sampling import SamplingParams
+from tandem.math.params import SamplingParams
+from tandem.orchestrator.clients import DraftClient, VerifierClient
+from tandem.orchestrator.cycle import Session, SpeculativeLoop
+from tandem.orchestrator.policy import GammaPolicy
+from tandem.orchestrator.store import SessionRecord, SessionStore
 
 
 async def _open(store, session_id, prompt, params, max_tokens, gamma) -> Session:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tandem.bench.corpus import read, stdlib_files
 from tandem.cli import default_pair
-from tandem.corpus import read, stdlib_files
 from tandem.suitability import check_vocabulary, load_prompts
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -81,11 +81,11 @@ def test_shipped_pair_greedy_is_token_identical_to_the_target(shipped_workers, r
 
     import torch
 
-    from orchestrator.clients import DraftClient, VerifierClient
-    from orchestrator.cycle import Session, SpeculativeLoop
-    from orchestrator.policy import GammaPolicy
-    from orchestrator.store import SessionRecord, SessionStore
-    from tandem.sampling import SamplingParams
+    from tandem.math.params import SamplingParams
+    from tandem.orchestrator.clients import DraftClient, VerifierClient
+    from tandem.orchestrator.cycle import Session, SpeculativeLoop
+    from tandem.orchestrator.policy import GammaPolicy
+    from tandem.orchestrator.store import SessionRecord, SessionStore
 
     target = AutoModelForCausalLM.from_pretrained(MODELS / "target").eval()
     prompts = [tokenizer(p)["input_ids"] for p in load_prompts(PROMPTS)[:3]]

@@ -1,11 +1,12 @@
-"""orchestrator.policy: the analytic model and the adaptive, serializable γ policy."""
+"""tandem.math.analytic and tandem.orchestrator.policy: the analytic model and the adaptive, serializable γ policy."""
 
 import json
 from dataclasses import replace
 
 import pytest
 
-from orchestrator.policy import CycleCosts, GammaPolicy, analytic_speedup, best_gamma, expected_tokens
+from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
+from tandem.orchestrator.policy import CycleCosts, GammaPolicy
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
 

@@ -1,10 +1,10 @@
-"""tandem.rng: counter-based uniforms keyed by (seed, position, purpose)."""
+"""tandem.math.rng: counter-based uniforms keyed by (seed, position, purpose)."""
 
 import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from tandem.rng import Purpose, _splitmix64, uniform, uniforms
+from tandem.math.rng import Purpose, _splitmix64, uniform, uniforms
 
 P_MIN = 1e-3
 

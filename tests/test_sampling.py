@@ -1,4 +1,4 @@
-"""tandem.sampling: the accept/reject math, against Hugging Face and a float64 reference.
+"""tandem.math.sampling and tandem.math.acceptance: the accept/reject math, against Hugging Face and a float64 reference.
 
 Three kinds of checks:
 - `warp` means exactly what Hugging Face's temperature, top-k and top-p warpers mean;
@@ -18,18 +18,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from tandem.sampling import (
-    SamplingParams,
-    Verdict,
-    count_accepted,
-    output_tokens,
-    residual,
-    sample,
-    verify_block,
-    verified_tokens,
-    verify_greedy,
-    warp,
-)
+from tandem.math.acceptance import count_accepted, output_tokens, verified_tokens
+from tandem.math.params import SamplingParams
+from tandem.math.sampling import Verdict, residual, sample, verify_block, verify_greedy, warp
 
 P_MIN = 1e-3  # chi-square p-value below which we call the distributions different
 

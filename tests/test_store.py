@@ -2,7 +2,7 @@
 
 import asyncio
 
-from orchestrator.store import SessionRecord, SessionStore
+from tandem.orchestrator.store import SessionRecord, SessionStore
 
 
 def test_commits_append_tokens_update_state_and_refresh_both_ttls(redis_url):

@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.cli import main as cli
-from tandem.randompair import build_tokenizer, llama_config, save_random_model
-from tandem.suitability import (PairMismatch, acceptance, check_pair, check_vocabulary, greedy_continuation,
-                                load_prompts)
+from tandem.suitability import PairMismatch, acceptance, check_pair, check_vocabulary, greedy_continuation, load_prompts
+
+from randompair import build_tokenizer, llama_config, save_random_model
 
 
 @pytest.fixture(scope="module")

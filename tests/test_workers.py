@@ -18,14 +18,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-from orchestrator.clients import DraftClient, VerifierClient
-from services import draft_worker, target_verifier
-from services.runtime import CacheMiss, HFPass, ModelRuntime
-from services.server import start_server
-from tandem import codec
-from tandem.randompair import llama_config, save_random_model
-from tandem.sampling import SamplingParams
+from tandem.math.params import SamplingParams
+from tandem.orchestrator.clients import DraftClient, VerifierClient
+from tandem.services import distributions, draft_worker, target_verifier
+from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime
+from tandem.services.server import start_server
 from tandem.v1 import sampling_pb2, worker_pb2, worker_pb2_grpc
+from tandem.wire import worker as wire
+
+from randompair import llama_config, save_random_model
 
 VOCAB = 96
 MAX_CONTEXT = 128
@@ -130,27 +131,27 @@ def prompt(n: int, seed: int) -> list[int]:
     return torch.randint(3, VOCAB, (n,), generator=g).tolist()
 
 
-def propose(stub, session_id, cache_len, tokens, gamma, params=GREEDY) -> codec.Proposal | None:
-    request = codec.propose_request(session_id, cache_len, tokens, gamma, params)
-    return codec.proposal_from_pb(stub.Propose(request, timeout=TIMEOUT_S))
+def propose(stub, session_id, cache_len, tokens, gamma, params=GREEDY) -> wire.Proposal | None:
+    request = wire.propose_request(session_id, cache_len, tokens, gamma, params)
+    return wire.proposal_from_pb(stub.Propose(request, timeout=TIMEOUT_S))
 
 
-def verify(stub, session_id, cache_len, tokens, proposal, params=GREEDY) -> codec.Verification | None:
-    request = codec.verify_request(session_id, cache_len, tokens, proposal, params)
-    return codec.verification_from_pb(stub.Verify(request, timeout=TIMEOUT_S))
+def verify(stub, session_id, cache_len, tokens, proposal, params=GREEDY) -> wire.Verification | None:
+    request = wire.verify_request(session_id, cache_len, tokens, proposal, params)
+    return wire.verification_from_pb(stub.Verify(request, timeout=TIMEOUT_S))
 
 
 def answer(result):
     """A worker's answer without its timing, for equality checks."""
-    if isinstance(result, codec.Proposal):
+    if isinstance(result, wire.Proposal):
         return (result.draft_tokens, result.draft_token_probs,
                 [(d.token_ids, d.probs) for d in result.draft_distributions])
     return result.target_token_probs, result.recovered_tokens, result.bonus_token
 
 
-def block(draft_tokens: list[int]) -> codec.Proposal:
+def block(draft_tokens: list[int]) -> wire.Proposal:
     """A greedy draft block as the draft worker would return it (no distributions)."""
-    return codec.Proposal(list(draft_tokens), [1.0] * len(draft_tokens), [], 0.0)
+    return wire.Proposal(list(draft_tokens), [1.0] * len(draft_tokens), [], 0.0)
 
 
 def hf_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -186,7 +187,7 @@ def assert_status(excinfo, code: grpc.StatusCode, field: str) -> None:
 
 def test_describe_both_workers(draft_stub, target_stub, draft_dir, target_dir):
     for stub, model_dir in ((draft_stub, draft_dir), (target_stub, target_dir)):
-        info = codec.model_info_from_pb(stub.Describe(codec.describe_request(), timeout=TIMEOUT_S))
+        info = wire.model_info_from_pb(stub.Describe(wire.describe_request(), timeout=TIMEOUT_S))
         assert info.vocab_size == VOCAB
         assert info.max_context == MAX_CONTEXT
         assert info.eos_token_ids == (EOS,)
@@ -267,7 +268,7 @@ def test_sampled_propose_is_counter_based_and_matches_hf(draft_stub, hf_draft):
     expected = logits.softmax(-1).gather(-1, torch.tensor(a.draft_tokens)[:, None])[:, 0]
     np.testing.assert_allclose(a.draft_token_probs, expected.numpy(), atol=1e-4)
     # Dense distributions travel: they decode to the same softmax rows.
-    dense = codec.distributions_from_pb(a.draft_distributions, VOCAB)
+    dense = distributions.unpack(a.draft_distributions, VOCAB)
     np.testing.assert_allclose(dense.numpy(), logits.softmax(-1).numpy(), atol=1e-4)
     # Another seed draws other numbers (with 5 draws over 96 tokens, a different block).
     c = propose(draft_stub, "sampled-c", 0, tokens, 5, SamplingParams(temperature=1.0, seed=99))
@@ -362,7 +363,7 @@ def test_sampled_verify_with_top_k_uses_sparse_distributions(draft_stub, target_
         assert len(d.token_ids) == 5 * 4 and len(d.probs) == 5 * 4
     draft_logits = hf_logits(hf_draft, tokens + proposal.draft_tokens)[len(tokens) - 1 : -1]
     draft_probs = hf_warped(draft_logits, 1.0, top_k=5)
-    np.testing.assert_allclose(codec.distributions_from_pb(proposal.draft_distributions, VOCAB).numpy(),
+    np.testing.assert_allclose(distributions.unpack(proposal.draft_distributions, VOCAB).numpy(),
                                draft_probs.numpy(), atol=1e-5)
     np.testing.assert_allclose(
         proposal.draft_token_probs,
@@ -394,9 +395,9 @@ def test_verify_cache_miss_then_resend(target_stub, hf_target):
 
 
 def test_raw_response_flags_cache_miss(draft_stub, target_stub):
-    msg = draft_stub.Propose(codec.propose_request("raw-miss", 4, [5], 2, GREEDY), timeout=TIMEOUT_S)
+    msg = draft_stub.Propose(wire.propose_request("raw-miss", 4, [5], 2, GREEDY), timeout=TIMEOUT_S)
     assert msg.cache_miss and not msg.draft_tokens
-    msg = target_stub.Verify(codec.verify_request("raw-miss", 4, [5], None, GREEDY), timeout=TIMEOUT_S)
+    msg = target_stub.Verify(wire.verify_request("raw-miss", 4, [5], None, GREEDY), timeout=TIMEOUT_S)
     assert msg.cache_miss and not msg.recovered_tokens
 
 
@@ -407,8 +408,8 @@ def test_release(draft_stub, target_stub):
     propose(draft_stub, "rel", 0, prompt(5, seed=13), 2)
     verify(target_stub, "rel", 0, prompt(5, seed=13), None)
     for stub in (draft_stub, target_stub):
-        assert stub.Release(codec.release_request("rel"), timeout=TIMEOUT_S).released is True
-        assert stub.Release(codec.release_request("rel"), timeout=TIMEOUT_S).released is False
+        assert stub.Release(wire.release_request("rel"), timeout=TIMEOUT_S).released is True
+        assert stub.Release(wire.release_request("rel"), timeout=TIMEOUT_S).released is False
     # A released session is a miss for any cache_len > 0.
     assert propose(draft_stub, "rel", 5, [3], 2) is None
     assert verify(target_stub, "rel", 5, [3], None) is None
@@ -534,15 +535,15 @@ def _dist(token_ids=None, probs=None) -> sampling_pb2.DraftDistribution:
 def _propose_pb(**kw) -> worker_pb2.ProposeRequest:
     args = dict(session_id="bad", cache_len=0, tokens=[5, 6, 7], gamma=2, params=GREEDY)
     args.update(kw)
-    return codec.propose_request(args["session_id"], args["cache_len"], args["tokens"], args["gamma"],
+    return wire.propose_request(args["session_id"], args["cache_len"], args["tokens"], args["gamma"],
                                  args["params"])
 
 
 def _verify_pb(draft_tokens=(8, 9), dists=(), **kw) -> worker_pb2.VerifyRequest:
     args = dict(session_id="bad", cache_len=0, tokens=[5, 6, 7], params=GREEDY)
     args.update(kw)
-    proposal = codec.Proposal(list(draft_tokens), [1.0] * len(draft_tokens), list(dists), 0.0)
-    return codec.verify_request(args["session_id"], args["cache_len"], args["tokens"], proposal, args["params"])
+    proposal = wire.Proposal(list(draft_tokens), [1.0] * len(draft_tokens), list(dists), 0.0)
+    return wire.verify_request(args["session_id"], args["cache_len"], args["tokens"], proposal, args["params"])
 
 
 SAMPLED = SamplingParams(temperature=1.0, seed=3)
@@ -636,7 +637,7 @@ def test_bad_request_leaves_the_session_alone(draft_stub, hf_draft):
     tokens = prompt(6, seed=21)
     propose(draft_stub, "kept", 0, tokens, 1)  # holds 6
     with pytest.raises(grpc.RpcError):
-        draft_stub.Propose(codec.propose_request("kept", 6, [VOCAB], 2, GREEDY), timeout=TIMEOUT_S)
+        draft_stub.Propose(wire.propose_request("kept", 6, [VOCAB], 2, GREEDY), timeout=TIMEOUT_S)
     assert propose(draft_stub, "kept", 6, [9], 2).draft_tokens == hf_greedy(hf_draft, tokens + [9], 2)
 
 

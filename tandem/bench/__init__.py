@@ -5,9 +5,8 @@ prompt in one run, with the cost of every part of a cycle.
 - `runs`: one generation of one mode, timed token by token (HF in-process, or the cluster);
 - `summary`: pure statistics over runs (speedups, acceptance, analytic bound, time split);
 - `report`: the markdown tables and PNG plots;
-- `harness`: the run plan (warm-up, interleaving, concurrency, memory) and the outputs.
+- `harness`: the run plan (warm-up, interleaving, concurrency, memory) and the outputs;
+- `tracing_cost`, `otlp`: what tracing costs, measured against a real OTLP receiver;
+- `corpus`: where the code comes from: the standard library the shipped pair trains on,
+  third-party code the held-out prompts come from.
 """
-
-from tandem.bench.harness import BenchConfig, run_bench
-
-__all__ = ["BenchConfig", "run_bench"]

@@ -11,9 +11,9 @@ per-cycle overhead lets through.
 
 import numpy as np
 
-from orchestrator.policy import expected_tokens
 from tandem.bench.runs import Run
-from tandem.sampling import verified_tokens
+from tandem.math.acceptance import verified_tokens
+from tandem.math.analytic import expected_tokens
 
 PARTS = ("draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms")
 

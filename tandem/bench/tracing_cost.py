@@ -15,7 +15,7 @@ from opentelemetry import context, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from tandem.bench import summary
-from tandem.bench.runs import Run, cluster_run, cluster_mode
+from tandem.bench.runs import Run, cluster_mode, cluster_run
 from tandem.client import Client
 
 STATES = ("traced", "untraced")

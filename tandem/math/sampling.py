@@ -1,14 +1,12 @@
-"""The accept/reject math of speculative decoding: one pure module.
-
-Tensors in, tensors out; no I/O, no models; randomness is passed in as uniforms (see
-tandem.rng). Each side of a cycle uses its part:
+"""The workers' half of a cycle, on tensors: tensors in, tensors out; no I/O, no models;
+randomness is passed in as uniforms (see tandem.math.rng).
 
 - both workers: `warp` turns logits into the distribution a token is drawn from, with exactly
   the meaning of Hugging Face's temperature, top-k and top-p warpers, and `sample` draws it;
 - the target verifier: `verify_block` returns, per drafted position, the target probability of
-  the drafted token and a pre-drawn recovered token, plus a pre-drawn bonus token;
-- the orchestrator: `count_accepted` and `output_tokens` decide the cycle's output, and
-  `verified_tokens` counts what α divides by.
+  the drafted token and a pre-drawn recovered token, plus a pre-drawn bonus token.
+
+The orchestrator's half (`count_accepted`, `output_tokens`) is in tandem.math.acceptance.
 
 Exactness: position i is accepted with probability min(1, target/draft); on the first
 rejection the output is drawn from norm(max(0, target - draft)); if all γ pass, from the
@@ -23,19 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How tokens are drawn: Hugging Face's warpers, applied temperature → top-k → top-p."""
-
-    temperature: float = 1.0  # 0 means greedy
-    top_k: int = 0  # 0 keeps all tokens
-    top_p: float = 1.0  # 1 keeps all tokens
-    seed: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from tandem.math.params import SamplingParams
 
 
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -124,27 +110,3 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> Ve
     argmax = target_logits.argmax(-1)  # [γ+1]; first index on ties, like warp
     gamma = draft_tokens.shape[0]
     return Verdict((argmax[:gamma] == draft_tokens).float(), argmax[:gamma], int(argmax[gamma]))
-
-
-def count_accepted(
-    draft_token_probs: list[float], target_token_probs: list[float], u_accept: list[float]
-) -> int:
-    """The orchestrator's accept test: accept position i while u_i < target_i / draft_i."""
-    for i, (d, t, u) in enumerate(zip(draft_token_probs, target_token_probs, u_accept, strict=True)):
-        if not u * d < t:  # u < t/d without dividing; a draft prob is never 0 for a drawn token
-            return i
-    return len(draft_token_probs)
-
-
-def output_tokens(
-    draft_tokens: list[int], accepted: int, recovered_tokens: list[int], bonus_token: int
-) -> list[int]:
-    """A cycle's output: the accepted prefix, then the recovered token or the bonus."""
-    last = recovered_tokens[accepted] if accepted < len(draft_tokens) else bonus_token
-    return [*draft_tokens[:accepted], last]
-
-
-def verified_tokens(accepted: int, gamma: int) -> int:
-    """Drafted tokens the target verified in a cycle: the accepted ones, plus the rejected one
-    (tokens after a rejection were never verified). α = accepted / verified."""
-    return min(accepted + 1, gamma)

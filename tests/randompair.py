@@ -1,16 +1,15 @@
-"""Tiny random models with a real tokenizer, built in seconds with no downloads.
+"""Test support, not product: tiny random Llama models with a real tokenizer, built in seconds
+with no downloads and loaded through from_pretrained, the path users take.
 
-The tests build their models with it, and models/build_pair.py trains its tokenizer with
-`train_tokenizer`. Random weights say nothing about acceptance; the mechanics (tokenizer,
-from_pretrained, caches, exactness) are the real ones.
+Random weights say nothing about acceptance; the mechanics (tokenizer, from_pretrained,
+caches, exactness) are the real ones.
 """
 
 import sysconfig
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import ByteLevelBPETokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>"]
@@ -28,22 +27,13 @@ def _stdlib_sample(max_chars: int) -> list[str]:
     return texts
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, show_progress: bool = False,
-                    length: int | None = None) -> PreTrainedTokenizerFast:
-    """Byte-level BPE with tandem's special tokens (pad, bos, eos)."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=show_progress,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(texts, trainer, length=length)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIAL[0], bos_token=SPECIAL[1],
-                                   eos_token=SPECIAL[2], model_max_length=1024)
-
-
 def build_tokenizer(vocab_size: int, max_chars: int = 400_000) -> PreTrainedTokenizerFast:
-    """A tokenizer trained on a slice of the standard library, for tests."""
-    return train_tokenizer(_stdlib_sample(max_chars), vocab_size)
+    """Byte-level BPE (pad, bos and eos specials) trained on a slice of the standard library."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(_stdlib_sample(max_chars), vocab_size=vocab_size, min_frequency=0,
+                            special_tokens=SPECIAL, show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token=SPECIAL[0], bos_token=SPECIAL[1],
+                                   eos_token=SPECIAL[2], model_max_length=1024)
 
 
 def llama_config(vocab_size: int, layers: int, hidden: int, eos_token_id: int, max_context: int = 1024,

@@ -1,0 +1,11 @@
+"""The math of speculative decoding: pure functions, no I/O, no models, randomness passed in.
+
+- `params`: what temperature, top-k, top-p and the seed mean (`SamplingParams`);
+- `rng`: counter-based uniforms keyed by (seed, position, purpose);
+- `acceptance`: the orchestrator's half of a cycle, the accept test and the cycle's output;
+- `analytic`: the expected tokens per target pass and the speedup they buy;
+- `sampling`: the workers' half, on tensors: warping, drawing, verifying a block (torch).
+
+Everything here but `sampling` is plain Python, so the SDK and the orchestrator never load
+torch. Nothing here imports the rest of tandem.
+"""

@@ -1,0 +1,149 @@
+"""The worker services' wire code (orchestrator ↔ draft worker and target verifier): domain
+values ↔ tandem.v1 messages. Servicers and the orchestrator's clients call these functions and
+never touch *_pb2. Token ids travel as packed repeated int32; draft distributions as raw
+little-endian bytes, sparse when truncated (top-k, top-p, one-hot), dense otherwise. Plain
+Python and protobuf: tensors are the services' business.
+"""
+
+from dataclasses import dataclass
+
+from tandem.math.params import SamplingParams
+from tandem.v1 import sampling_pb2, worker_pb2
+
+# --- sampling parameters and draft distributions --------------------------------------------
+
+
+def sampling_to_pb(params: SamplingParams) -> sampling_pb2.SamplingParams:
+    return sampling_pb2.SamplingParams(
+        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed
+    )
+
+
+def sampling_from_pb(msg: sampling_pb2.SamplingParams) -> SamplingParams:
+    return SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed)
+
+
+def draft_distribution(token_ids: bytes, probs: bytes) -> sampling_pb2.DraftDistribution:
+    """One drafted position's distribution: little-endian int32 ids (empty: dense) and float32
+    probabilities (tandem.services.distributions packs and unpacks the tensors)."""
+    return sampling_pb2.DraftDistribution(token_ids=token_ids, probs=probs)
+
+
+# --- worker calls ---------------------------------------------------------------------------
+
+
+@dataclass
+class Proposal:
+    """A draft worker's answer (None from a client means a cache miss)."""
+
+    draft_tokens: list[int]
+    draft_token_probs: list[float]
+    draft_distributions: list  # opaque compact messages, forwarded to the verifier as they are
+    compute_ms: float
+
+
+@dataclass
+class Verification:
+    """A target verifier's answer (None from a client means a cache miss)."""
+
+    target_token_probs: list[float]
+    recovered_tokens: list[int]
+    bonus_token: int
+    compute_ms: float
+
+
+def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None) -> worker_pb2.ProposeRequest:
+    return worker_pb2.ProposeRequest(
+        session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
+        sampling=sampling_to_pb(params), trace_context=trace_context,
+    )
+
+
+def propose_response(proposal: Proposal | None) -> worker_pb2.ProposeResponse:
+    if proposal is None:
+        return worker_pb2.ProposeResponse(cache_miss=True)
+    return worker_pb2.ProposeResponse(
+        draft_tokens=proposal.draft_tokens,
+        draft_token_probs=proposal.draft_token_probs,
+        draft_distributions=proposal.draft_distributions,
+        compute_ms=proposal.compute_ms,
+    )
+
+
+def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
+    if msg.cache_miss:
+        return None
+    return Proposal(
+        list(msg.draft_tokens), list(msg.draft_token_probs), list(msg.draft_distributions),
+        msg.compute_ms,
+    )
+
+
+def verify_request(
+    session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None
+) -> worker_pb2.VerifyRequest:
+    return worker_pb2.VerifyRequest(
+        session_id=session_id, cache_len=cache_len, tokens=tokens,
+        draft_tokens=proposal.draft_tokens if proposal else [],
+        draft_distributions=proposal.draft_distributions if proposal else [],
+        sampling=sampling_to_pb(params), trace_context=trace_context,
+    )
+
+
+def verify_response(verification: Verification | None) -> worker_pb2.VerifyResponse:
+    if verification is None:
+        return worker_pb2.VerifyResponse(cache_miss=True)
+    return worker_pb2.VerifyResponse(
+        target_token_probs=verification.target_token_probs,
+        recovered_tokens=verification.recovered_tokens,
+        bonus_token=verification.bonus_token,
+        compute_ms=verification.compute_ms,
+    )
+
+
+def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
+    if msg.cache_miss:
+        return None
+    return Verification(
+        list(msg.target_token_probs), list(msg.recovered_tokens), msg.bonus_token, msg.compute_ms
+    )
+
+
+def release_request(session_id: str) -> worker_pb2.ReleaseRequest:
+    return worker_pb2.ReleaseRequest(session_id=session_id)
+
+
+def release_response(released: bool) -> worker_pb2.ReleaseResponse:
+    return worker_pb2.ReleaseResponse(released=released)
+
+
+def describe_request() -> worker_pb2.DescribeRequest:
+    return worker_pb2.DescribeRequest()
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A worker's model, as callers validate requests against it."""
+
+    model: str
+    vocab_size: int  # width of the logits: token ids must be below it
+    max_context: int  # prompt plus generated tokens
+    eos_token_ids: tuple[int, ...]
+    device: str
+    dtype: str
+    num_parameters: int
+
+
+def model_info_to_pb(info: ModelInfo) -> worker_pb2.ModelInfo:
+    return worker_pb2.ModelInfo(
+        model=info.model, vocab_size=info.vocab_size, max_context=info.max_context,
+        eos_token_ids=info.eos_token_ids, device=info.device, dtype=info.dtype,
+        num_parameters=info.num_parameters,
+    )
+
+
+def model_info_from_pb(msg: worker_pb2.ModelInfo) -> ModelInfo:
+    return ModelInfo(
+        msg.model, msg.vocab_size, msg.max_context, tuple(msg.eos_token_ids), msg.device,
+        msg.dtype, msg.num_parameters,
+    )

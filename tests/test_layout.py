@@ -1,0 +1,111 @@
+"""Imports point one way, read from the source of every installed module:
+
+    tandem.math (pure; only its `sampling` uses torch)
+      ↑
+    tandem.wire (the codec and validation every side shares) ← the SDK (tandem, client, errors)
+      ↑
+    tandem.services (workers)        tandem.orchestrator (reaches workers only over gRPC)
+      ↑                                ↑
+    the top: cli, local, suitability, bench
+
+Everything installed imports under `tandem.`, never as a bare `services` or `orchestrator`.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where each installed package's source lives (pyproject.toml's package-dir).
+PACKAGE_DIRS = {"tandem": ROOT / "tandem", "tandem.services": ROOT / "services",
+                "tandem.orchestrator": ROOT / "orchestrator"}
+SDK = ("tandem", "tandem.client", "tandem.errors")
+THIRD_PARTY_OF_THE_SDK = {"grpc", "google", "opentelemetry"}  # OpenTelemetry only if the caller has it
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in folder.rglob("*.py"):
+            parts = [p for p in path.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (a function's lazy imports count too);
+    `from a import b` counts as a and a.b, since b may be a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: a relative import; tandem imports absolutely"
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _in(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _imports_of(*packages: str) -> dict[str, set[str]]:
+    return {m: imports(p) for m, p in MODULES.items() if _in(m, *packages)}
+
+
+def test_the_tree_is_what_the_wheel_installs():
+    assert {"tandem.client", "tandem.wire.generation", "tandem.math.sampling", "tandem.services.server",
+            "tandem.orchestrator.cycle", "tandem.cli"} <= set(MODULES)
+
+
+@pytest.mark.parametrize("folder", ["tandem", "services", "orchestrator", "tests", "benchmarks", "models"])
+def test_everything_imports_under_tandem(folder):
+    for path in (ROOT / folder).rglob("*.py"):
+        bare = {m for m in imports(path) if _in(m, "services", "orchestrator")}
+        assert not bare, f"{path.relative_to(ROOT)} imports {sorted(bare)}; use tandem.services / tandem.orchestrator"
+
+
+def test_the_sdk_needs_only_grpc_protobuf_the_wire_and_the_pure_math():
+    allowed = ("tandem.client", "tandem.errors", "tandem.wire.generation", "tandem.v1", "tandem.math.acceptance")
+    for module in (*SDK, "tandem.wire.generation"):
+        for name in imports(MODULES[module]):
+            top = name.split(".")[0]
+            assert (top in sys.stdlib_module_names or top in THIRD_PARTY_OF_THE_SDK or _in(name, *allowed)
+                    or name == "tandem.wire"), f"{module} imports {name}"
+
+
+def test_the_wire_is_plain_python_and_protobuf():
+    for module, found in _imports_of("tandem.wire").items():
+        for name in found:
+            top = name.split(".")[0]
+            assert top in sys.stdlib_module_names or top in {"grpc", "google"} or _in(
+                name, "tandem.wire", "tandem.v1", "tandem.math.params", "tandem.math.acceptance"), f"{module} imports {name}"
+
+
+def test_the_math_is_the_bottom_layer_and_only_its_sampling_uses_torch():
+    for module, found in _imports_of("tandem.math").items():
+        for name in found:
+            top = name.split(".")[0]
+            if module == "tandem.math.sampling" and top == "torch":
+                continue
+            assert top in sys.stdlib_module_names or _in(name, "tandem.math"), f"{module} imports {name}"
+
+
+def test_workers_and_orchestrator_meet_only_on_the_wire():
+    top = ("tandem.cli", "tandem.local", "tandem.suitability", "tandem.bench")
+    for module, found in _imports_of("tandem.services").items():
+        assert not {n for n in found if _in(n, "tandem.orchestrator", *top)}, f"{module} reaches past the wire"
+    for module, found in _imports_of("tandem.orchestrator").items():
+        assert not {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "torch", *top)}, (
+            f"{module} reaches past the wire")
+
+
+def test_only_the_wire_builds_messages():
+    for module, found in _imports_of("tandem").items():
+        messages = {n for n in found if _in(n, "tandem.v1") and n.endswith("_pb2")}
+        assert not messages or _in(module, "tandem.wire", "tandem.v1"), f"{module} imports {sorted(messages)}"
