@@ -27,7 +27,7 @@ SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE
 
 
 def build_app(config: OrchestratorConfig) -> serve.Application:
-    return GenerationService.bind(config)
+    return GenerationService.options(num_replicas=config.replicas).bind(config)
 
 
 def start_ingress(config: OrchestratorConfig, grpc_port: int, http_port: int = 0,
@@ -64,6 +64,10 @@ def _init_ray(attempts: int = 2) -> None:
             ray.shutdown()
 
 
-def stop_ingress() -> None:
-    serve.shutdown()
-    ray.shutdown()
+def stop_ingress(app_name: str = "tandem") -> None:
+    """Delete tandem's application; shut Serve and Ray down only when nothing else runs on
+    them (a Ray cluster joined through RAY_ADDRESS keeps its other applications)."""
+    serve.delete(app_name)
+    if not serve.status().applications:
+        serve.shutdown()
+        ray.shutdown()

@@ -25,6 +25,10 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 30_000),
+    # A restarted worker is back within a second, not after gRPC's default backoff (up to 2 min).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -43,7 +47,7 @@ class _SessionStream:
         self.lock = asyncio.Lock()
 
 
-class _WorkerClient:
+class WorkerClient:
     stub_class = None
     stream_rpc = ""  # the stub's stream method: "ProposeStream" or "VerifyStream"
 
@@ -57,6 +61,9 @@ class _WorkerClient:
     async def describe(self) -> wire.ModelInfo:
         msg = await self.stub.Describe(wire.describe_request(), timeout=self.timeout_s, wait_for_ready=True)
         return wire.model_info_from_pb(msg)
+
+    async def load(self) -> wire.WorkerLoad:
+        return wire.load_from_pb(await self.stub.Load(wire.load_request(), timeout=self.timeout_s))
 
     async def release(self, session_id: str, parent: Context | None = None) -> bool:
         await self.end_stream(session_id)
@@ -126,7 +133,7 @@ class _WorkerClient:
             yield span, tracing.metadata() if span.get_span_context().is_valid else ()
 
 
-class DraftClient(_WorkerClient):
+class DraftClient(WorkerClient):
     stub_class = worker_pb2_grpc.DraftWorkerStub
     stream_rpc = "ProposeStream"
 
@@ -142,7 +149,7 @@ class DraftClient(_WorkerClient):
         return await self._call("Propose", encode, wire.proposal_from_pb, session_id, parent, attributes)
 
 
-class VerifierClient(_WorkerClient):
+class VerifierClient(WorkerClient):
     stub_class = worker_pb2_grpc.TargetVerifierStub
     stream_rpc = "VerifyStream"
 

@@ -13,7 +13,15 @@ draft call would have proposed after the same committed sequence (counter-based 
 keyed by position), so the accept/reject step sees the same kind of proposal either way.
 Most guesses miss (all of the block and the bonus must match), so the loop drafts ahead only
 while its session is the only one in flight: with others, the draft worker is not idle, and
-wasted drafts would delay their blocks (measured: 8 sessions in flight, 139 → 105 tokens/s)."""
+wasted drafts would delay their blocks (measured: 8 sessions in flight, 139 → 105 tokens/s).
+
+Each session sticks to one worker of each pool (`WorkerPool.route`). A worker call that fails
+(UNAVAILABLE, a deadline, a reset stream) moves the session to another worker of that pool,
+which re-prefills from the committed tokens, and the call is made again: exact, because worker
+calls are idempotent and randomness is keyed by position. With no draft worker available a
+cycle runs at γ = 0 (the target alone); with no verifier, the loop waits up to
+`verifier_wait_s` for one and then raises `NoWorker`. Commits are fenced (`store.Fenced`): a
+writer that another stream has taken over stops."""
 
 import asyncio
 import time
@@ -30,11 +38,24 @@ from tandem import tracing
 from tandem.math.acceptance import count_accepted, output_tokens
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniforms
-from tandem.orchestrator.clients import DraftClient, Reply, VerifierClient
+from tandem.orchestrator import metrics
+from tandem.orchestrator.clients import Reply
 from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+from tandem.orchestrator.pool import WorkerPool
 from tandem.orchestrator.store import SessionStore
 from tandem.wire.generation import CycleStats, Stats
 from tandem.wire.worker import Proposal
+
+# A worker call failing with these moves the session to another worker of the pool.
+FAILOVER_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+class NoWorker(Exception):
+    """No worker of a pool was available within the wait bound; the session stays resumable."""
+
+    def __init__(self, kind: str, waited_s: float) -> None:
+        super().__init__(f"no {kind} worker available after {waited_s:.0f} s")
+        self.kind = kind
 
 
 @dataclass
@@ -48,11 +69,15 @@ class Session:
     max_tokens: int
     policy: GammaPolicy
     fixed_gamma: int | None = None  # None: adaptive
+    owner: str = ""  # this writer's id: the store commits only its cycles
     cycle: int = 0
-    draft_cache_len: int = 0  # committed tokens each worker is believed to hold
-    target_cache_len: int = 0
+    # By pool ("draft", "target"): the session's worker, and how many committed tokens it is
+    # believed to hold (a hint: it may have evicted or lost them).
+    workers: dict = field(default_factory=lambda: {"draft": None, "target": None})
+    cache_lens: dict = field(default_factory=lambda: {"draft": 0, "target": 0})
+    used: set = field(default_factory=set)  # (pool, address) of every worker that took its calls
     finish_reason: str = ""
-    started: float = 0.0  # perf_counter() when the generation began
+    started: float = 0.0  # perf_counter() when the generation began (earlier than now on a resume)
     stats: Stats = field(default_factory=Stats)
 
     @property
@@ -78,32 +103,34 @@ class CycleOutput:
 
 class SpeculativeLoop:
     def __init__(
-        self, draft: DraftClient, target: VerifierClient, store: SessionStore,
-        eos_token_ids: tuple[int, ...], draft_ahead: bool = True,
+        self, drafts: WorkerPool, targets: WorkerPool, store: SessionStore,
+        eos_token_ids: tuple[int, ...], draft_ahead: bool = True, verifier_wait_s: float = 30.0,
     ) -> None:
-        self.draft = draft
-        self.target = target
+        self.drafts = drafts
+        self.targets = targets
         self.store = store
         self.eos = set(eos_token_ids)
         self.draft_ahead = draft_ahead
+        self.verifier_wait_s = verifier_wait_s
         self.in_flight = 0  # sessions running in this loop
 
     async def run(self, s: Session, parent: Context | None = None) -> AsyncIterator[CycleOutput]:
         """Cycles until EOS or max_tokens; each cycle's span is a child of `parent`."""
-        s.started = time.perf_counter()
+        s.started = s.started or time.perf_counter()  # a resumed session began earlier
         self.in_flight += 1
         call = None
         try:
             call = self._launch(s, parent)
             while call is not None:
-                out, call = await self.cycle(s, call, parent)
+                current, call = call, None  # the cycle owns its call from here, however it ends
+                out, call = await self.cycle(s, current, parent)
                 if s.stats.ttft_s == 0.0:
                     s.stats.ttft_s = time.perf_counter() - s.started
                 s.stats.elapsed_s = time.perf_counter() - s.started
                 yield out
         finally:
             self.in_flight -= 1
-            if call is not None:  # the client went away mid-generation
+            if call is not None:  # the client went away between two cycles
                 call.task.cancel()
                 call.span.end()
 
@@ -123,23 +150,35 @@ class SpeculativeLoop:
 
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
-        request still wants."""
+        request still wants, and 0 while no draft worker is available."""
+        if not self.drafts.available():
+            return 0
         wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
         return max(0, min(wanted, s.max_tokens - generated - 1))
 
     async def cycle(self, s: Session, call: "_FirstCall", parent: Context | None = None,
                     ) -> tuple[CycleOutput, "_FirstCall | None"]:
-        """One cycle whose first call is under way; returns its output and the next cycle's call."""
-        gamma, began = call.gamma, call.began
+        """One cycle whose first call is under way; returns its output and the next cycle's call.
+        The cycle's span ends with it, however it ends."""
+        try:
+            return await self._cycle(s, call, parent)
+        finally:
+            call.span.end()
+
+    async def _cycle(self, s: Session, call: "_FirstCall", parent: Context | None,
+                     ) -> tuple[CycleOutput, "_FirstCall | None"]:
+        began = call.began
         here = trace.set_span_in_context(call.span, parent)
-        # 2. Draft γ tokens (the call sent the draft worker the committed tokens it had not seen).
-        draft = await call.task if gamma else None
+        # 2. Draft γ tokens (the call sent the draft worker the committed tokens it had not seen);
+        #    no draft worker left makes it a γ-0 cycle.
+        draft = await call.task if call.gamma else None
         proposal = draft.answer if draft else None
+        gamma = len(proposal.draft_tokens) if proposal else 0
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
         alone = self.in_flight == 1  # the draft worker would otherwise idle through the verify
         ahead = self._draft_ahead(s, proposal, here) if proposal and self.draft_ahead and alone else None
         try:
-            verify = await self._verify(s, proposal, here) if gamma else await call.task
+            verify = await self._verify(s, proposal, here) if call.gamma else await call.task
         except BaseException:
             if ahead:
                 ahead.cancel()
@@ -154,7 +193,7 @@ class SpeculativeLoop:
             accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
         new = output_tokens(drafted, accepted, verdict.recovered_tokens, verdict.bonus_token)
         new = self._truncate(s, new, remaining=s.max_tokens - s.generated)
-        s.target_cache_len = position + accepted
+        s.cache_lens["target"] = position + accepted
         s.tokens.extend(new)
         s.cycle += 1
         # 5. Settle the draft-ahead call (a session has one draft call in flight at a time): the
@@ -162,14 +201,14 @@ class SpeculativeLoop:
         #    tokens, all γ once a draft-ahead call fed the last, and the bonus too on a hit.
         ahead_reply, block = await self._settle(s, ahead, accepted == gamma) if ahead else (None, None)
         if block:
-            s.draft_cache_len = len(s.tokens)
+            s.cache_lens["draft"] = len(s.tokens)
         elif ahead_reply:
-            s.draft_cache_len = position + accepted
+            s.cache_lens["draft"] = position + accepted
         elif gamma:
-            s.draft_cache_len = position + min(accepted, gamma - 1)
+            s.cache_lens["draft"] = position + min(accepted, gamma - 1)
         # 6. Teach the policy what the cycle measured, and start the next cycle's first call:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
-        record = _measure(s, began, call, accepted, len(new), draft, verify, ahead_reply)
+        record = _measure(s, began, call, gamma, accepted, len(new), draft, verify, ahead_reply)
         s.policy.observe(_costs(record, draft, verify))
         following = None if s.finish_reason else self._launch(s, parent, block)
         call.span.set_attributes({
@@ -179,14 +218,12 @@ class SpeculativeLoop:
         })
         # 7. Commit to Redis before the client sees the tokens.
         try:
-            record.redis_ms = await self._commit(s, new, here)
+            record.redis_ms = await self._commit(s, new, record, here)
         except BaseException:
             if following is not None:
                 following.task.cancel()
                 following.span.end()
             raise
-        finally:
-            call.span.end()
         s.stats.per_cycle.append(record)
         return CycleOutput(new, bool(s.finish_reason)), following
 
@@ -197,9 +234,10 @@ class SpeculativeLoop:
         gamma = len(proposal.draft_tokens)
         after = s.generated + gamma + 1  # tokens generated should the whole block and a bonus land
         next_gamma = self._gamma(s, after) if after < s.max_tokens else 0
-        if not next_gamma:
+        worker = self.drafts.get(s.workers["draft"])
+        if not next_gamma or worker is None:
             return None
-        return asyncio.ensure_future(self.draft.propose(
+        return asyncio.ensure_future(worker.client.propose(
             s.session_id, len(s.tokens) + gamma - 1, proposal.draft_tokens[-1:], next_gamma + 1, s.params, parent,
             ahead=True))
 
@@ -223,34 +261,78 @@ class SpeculativeLoop:
         block = Proposal(p.draft_tokens[1:], p.draft_token_probs[1:], p.draft_distributions[1:], 0.0)
         return reply, Reply(block, 0.0, 0)
 
-    async def _commit(self, s: Session, new: list[int], parent: Context) -> float:
-        """Append the cycle's tokens and the session's state in one atomic script → milliseconds."""
+    async def _commit(self, s: Session, new: list[int], record: CycleStats, parent: Context) -> float:
+        """Append the cycle's tokens, its stats and the session's state in one atomic, fenced
+        script → milliseconds."""
         start = time.perf_counter()
+        state = {"policy": s.policy.to_dict(), "cache_lens": s.cache_lens, "workers": s.workers,
+                 "status": s.finish_reason or "running", "ttft_s": s.stats.ttft_s}
         with tracing.span("redis commit", parent, kind=SpanKind.CLIENT,
                           attributes={"db.system": "redis", "db.operation.name": "EVALSHA"}):
-            await self.store.commit(
-                s.session_id, new, s.cycle, s.policy.to_dict(),
-                {"draft": s.draft_cache_len, "target": s.target_cache_len}, s.finish_reason or "running",
-            )
+            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, state)
         return (time.perf_counter() - start) * 1e3
 
-    async def _propose(self, s: Session, gamma: int, parent: Context) -> Reply:
-        reply = await self.draft.propose(
-            s.session_id, s.draft_cache_len, s.tokens[s.draft_cache_len :], gamma, s.params, parent
-        )
-        if reply.answer is None:  # the worker lost the session: re-prefill the whole sequence
-            s.draft_cache_len = 0
-            reply = _then(reply, await self.draft.propose(s.session_id, 0, s.tokens, gamma, s.params, parent))
+    async def _propose(self, s: Session, gamma: int, parent: Context) -> Reply | None:
+        """Draft γ tokens; None when no draft worker is available (the cycle runs at γ = 0)."""
+
+        def call(client, cache_len: int, tokens: list[int]):
+            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent)
+
+        reply = await self._on_worker(s, self.drafts, call, parent)
+        if reply is None:
+            metrics.undrafted_cycles.inc()
         return reply
 
     async def _verify(self, s: Session, proposal, parent: Context) -> Reply:
-        reply = await self.target.verify(
-            s.session_id, s.target_cache_len, s.tokens[s.target_cache_len :], proposal, s.params, parent
-        )
-        if reply.answer is None:
-            s.target_cache_len = 0
-            reply = _then(reply, await self.target.verify(s.session_id, 0, s.tokens, proposal, s.params, parent))
+        """Verify the block, waiting up to verifier_wait_s for a verifier when none is available."""
+
+        def call(client, cache_len: int, tokens: list[int]):
+            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent)
+
+        deadline = time.monotonic() + self.verifier_wait_s
+        while (reply := await self._on_worker(s, self.targets, call, parent)) is None:
+            if not await self.targets.wait_available(deadline - time.monotonic()):
+                raise NoWorker("target", self.verifier_wait_s)
         return reply
+
+    async def _on_worker(self, s: Session, pool: WorkerPool, call, parent: Context) -> Reply | None:
+        """call(client, cache_len, tokens) on the session's worker of `pool`, re-sending the whole
+        sequence when the worker lost the session; when the call fails, the same on another worker,
+        which re-prefills. None when no worker of the pool is available."""
+        kind, failover, reply = pool.kind, None, None
+        try:
+            while (worker := pool.route(s.workers[kind])) is not None:
+                if worker.address != s.workers[kind]:
+                    self._move(s, kind, worker.address)
+                cache_len = s.cache_lens[kind]
+                try:
+                    reply = await call(worker.client, cache_len, s.tokens[cache_len:])
+                    if reply.answer is None:  # the worker lost the session: re-prefill
+                        metrics.reprefills.labels(pool=kind, reason="cache_miss").inc()
+                        s.cache_lens[kind] = 0
+                        reply = _then(reply, await call(worker.client, 0, s.tokens))
+                    return reply
+                except grpc.aio.AioRpcError as e:
+                    if e.code() not in FAILOVER_CODES:
+                        raise
+                    pool.failed(worker, e.code().name)
+                    failover = failover or tracing.start_span("failover", parent, attributes={
+                        "tandem.pool": kind, "tandem.from": worker.address, "tandem.reason": e.code().name})
+            return None
+        finally:
+            if failover is not None:  # from the first failed call to the answer of another worker
+                failover.set_attribute("tandem.to", s.workers[kind] if reply is not None else "")
+                failover.end()
+
+    @staticmethod
+    def _move(s: Session, kind: str, address: str) -> None:
+        """The session's calls go to the worker at `address` from now on, re-prefilling there."""
+        if s.workers[kind] is not None:  # a failover, not the session's first call
+            metrics.failovers.labels(pool=kind).inc()
+            metrics.reprefills.labels(pool=kind, reason="failover").inc()
+        s.workers[kind] = address
+        s.cache_lens[kind] = 0
+        s.used.add((kind, address))
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:
         """Cut the cycle's tokens at the first EOS or at max_tokens, setting finish_reason."""
@@ -273,13 +355,13 @@ def _transport(reply: Reply | None) -> float:
     return max(0.0, reply.wall_ms - reply.answer.compute_ms) if reply else 0.0
 
 
-def _measure(s: Session, began: float, call: "_FirstCall", accepted: int, output: int, draft: Reply | None,
-             verify: Reply, ahead: Reply | None) -> CycleStats:
+def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted: int, output: int,
+             draft: Reply | None, verify: Reply, ahead: Reply | None) -> CycleStats:
     """The cycle's counts and time split up to its commit (redis_ms is filled in after it)."""
     draft_wall = draft.wall_ms if draft else 0.0
     total = (time.perf_counter() - began) * 1e3
     return CycleStats(
-        gamma=call.gamma, accepted=accepted, output_tokens=output, start_ms=(began - s.started) * 1e3,
+        gamma=gamma, accepted=accepted, output_tokens=output, start_ms=(began - s.started) * 1e3,
         draft_ms=draft.answer.compute_ms if draft else 0.0, verify_ms=verify.answer.compute_ms,
         transport_ms=_transport(draft) + _transport(verify),
         orchestration_ms=max(0.0, total - draft_wall - verify.wall_ms),

@@ -2,17 +2,22 @@
 
 Topology:
 
-    client ──gRPC──▶ Ray Serve gRPC proxy ──▶ GenerationService (this deployment)
+    client ──gRPC──▶ Ray Serve gRPC proxy ──▶ GenerationService (this deployment, N replicas)
                                                  │  persistent grpc.aio channels, per cycle
-                                                 ├──▶ draft worker      (DraftWorker)
-                                                 ├──▶ target verifier   (TargetVerifier)
-                                                 └──▶ Redis             (sessions)
+                                                 ├──▶ draft workers      (a pool: DraftWorker)
+                                                 ├──▶ target verifiers   (a pool: TargetVerifier)
+                                                 └──▶ Redis              (sessions)
 
-Ray is on the ingress path only: one Serve call per request, never one per cycle.
+Ray is on the ingress path only: one Serve call per request, never one per cycle. Any replica
+serves any session: `Resume` continues one from Redis, taking it over from whichever replica
+wrote it before (that one is fenced off at its next commit).
 """
 
 import asyncio
 import logging
+import os
+import socket
+import time
 import uuid
 from pathlib import Path
 
@@ -22,27 +27,37 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from ray import serve
 
 from tandem import tracing
+from tandem.math.params import SamplingParams
 from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
-from tandem.orchestrator.cycle import Session, SpeculativeLoop
-from tandem.orchestrator.detokenizer import IncrementalDetokenizer
+from tandem.orchestrator.cycle import FAILOVER_CODES, NoWorker, Session, SpeculativeLoop
+from tandem.orchestrator.detokenizer import IncrementalDetokenizer, resumed
 from tandem.orchestrator.policy import GammaPolicy
+from tandem.orchestrator.pool import WorkerPool
 from tandem.orchestrator.requests import Limits, ResolvedRequest, resolve
-from tandem.orchestrator.store import SessionRecord, SessionStore
+from tandem.orchestrator.store import FINISHED, Fenced, SessionRecord, SessionStore, StoreUnavailable
 from tandem.wire import generation as wire
 from tandem.wire.validation import FieldError
 
 log = logging.getLogger("tandem.orchestrator")
 
 
+class _Refused(Exception):
+    """The request ends with this gRPC status; the client's details name why."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64)
 class GenerationService:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
-        self.draft = DraftClient(config.draft_address, config.worker_timeout_s)
-        self.target = VerifierClient(config.target_address, config.worker_timeout_s)
-        self.store = SessionStore.from_url(config.redis_url, config.session_ttl_s)
+        self.drafts = WorkerPool("draft", config.draft_addresses, DraftClient, config.worker_timeout_s)
+        self.targets = WorkerPool("target", config.target_addresses, VerifierClient, config.worker_timeout_s)
+        self.store = SessionStore.from_url(config.redis_url, config.session_ttl_s, config.redis_retry_s)
         self.tokenizer = config.load_tokenizer()
         tracing.setup("tandem-orchestrator")
         if config.metrics_port:
@@ -51,37 +66,74 @@ class GenerationService:
             except OSError as e:  # e.g. a second replica on this node: serve requests all the same
                 log.error("Prometheus metrics not served on port %d: %s", config.metrics_port, e)
         self._ready: asyncio.Task | None = None
+        self._pools_started = False
         # Costs measured by the last session seed the next one's policy.
         self._policy_template = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
 
     async def _connect(self) -> None:
-        draft_info, target_info = await asyncio.gather(self.draft.describe(), self.target.describe())
+        if not self._pools_started:
+            await asyncio.gather(self.drafts.start(), self.targets.start())
+            self._pools_started = True
+        target_info = await self.targets.describe(self.config.worker_timeout_s)
+        if target_info is None:
+            raise NoWorker("target", self.config.worker_timeout_s)
+        # The draft pool may be empty for now: sessions then run at γ = 0 until a draft worker is up.
+        draft_info = await self.drafts.describe(min(5.0, self.config.worker_timeout_s)) or target_info
         self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
                                 self.config.max_tokens_cap, self.config.default_max_tokens)
-        self.loop = SpeculativeLoop(self.draft, self.target, self.store, target_info.eos_token_ids,
-                                    draft_ahead=self.config.draft_ahead)
+        self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
+                                    draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s)
         self.model = Path(target_info.model).name  # gen_ai.request.model: the target's name
         log.info("connected: draft %s, target %s", draft_info.model, target_info.model)
 
-    async def _start(self, request, grpc_context) -> Session:
+    async def _ensure_connected(self) -> None:
         if self._ready is None or (self._ready.done() and self._ready.exception()):
             self._ready = asyncio.ensure_future(self._connect())
         await asyncio.shield(self._ready)
+
+    # --- the RPCs --------------------------------------------------------------------------
+
+    async def Generate(self, request, grpc_context):
+        chunks = [c async for c in self._generation(request, grpc_context)]
+        return wire.response_to_pb(chunks[0].session_id, chunks)
+
+    async def GenerateStream(self, request, grpc_context):
+        async for chunk in self._generation(request, grpc_context):
+            yield wire.chunk_to_pb(chunk)
+
+    async def Resume(self, request, grpc_context):
+        async for chunk in self._resumption(request, grpc_context):
+            yield wire.chunk_to_pb(chunk)
+
+    # --- a new session ---------------------------------------------------------------------
+
+    async def _generation(self, request, grpc_context):
+        # Started, not made current: this generator's context does not survive its yields.
+        span = tracing.start_span("text_completion", tracing.extract(grpc_context.invocation_metadata()),
+                                  kind=SpanKind.SERVER,
+                                  attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem"})
         try:
-            resolved = resolve(wire.generation_request_from_pb(request), self.limits, self.tokenizer)
-        except FieldError as e:
-            grpc_context.set_code(e.code)
-            grpc_context.set_details(str(e))
+            session = await self._start(request)
+        except BaseException as e:
+            _refuse(grpc_context, span, e)
+            span.end()
             raise
+        _describe(span, "text_completion", session, self.model)
+        yield wire.Chunk(session.session_id, [])  # the session id, before any cycle: resumable from here on
+        async for chunk in self._serve(session, span, IncrementalDetokenizer(self.tokenizer), grpc_context):
+            yield chunk
+
+    async def _start(self, request) -> Session:
+        await self._connect_or_refuse()
+        resolved = resolve(wire.generation_request_from_pb(request), self.limits, self.tokenizer)
         session = self._new_session(resolved)
+        p = resolved.params
         await self.store.create(SessionRecord(
             session.session_id,
-            {"temperature": resolved.params.temperature, "top_k": resolved.params.top_k,
-             "top_p": resolved.params.top_p, "seed": resolved.params.seed,
+            {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
              "max_tokens": resolved.max_tokens, "gamma": resolved.gamma},
-            session.prompt_len, session.tokens, 0, session.policy.to_dict(),
-            {"draft": self.config.draft_address, "target": self.config.target_address},
-            {"draft": 0, "target": 0}, "running",
+            session.prompt_len, session.tokens, policy=session.policy.to_dict(), workers=session.workers,
+            cache_lens=session.cache_lens, owner=session.owner,
         ))
         return session
 
@@ -89,66 +141,160 @@ class GenerationService:
         return Session(
             session_id=uuid.uuid4().hex, params=r.params, tokens=list(r.prompt_token_ids),
             prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens,
-            policy=self._policy_template.with_fresh_acceptance(), fixed_gamma=r.gamma,
+            policy=self._policy_template.with_fresh_acceptance(), fixed_gamma=r.gamma, owner=_writer(),
         )
 
-    async def _chunks(self, request, grpc_context):
-        clock = metrics.RequestClock()
-        # Started, not made current: this generator's context does not survive its yields.
-        span = tracing.start_span("text_completion", tracing.extract(grpc_context.invocation_metadata()),
-                                  kind=SpanKind.SERVER,
-                                  attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem"})
+    async def _connect_or_refuse(self) -> None:
         try:
-            session = await self._start(request, grpc_context)
+            await self._ensure_connected()
+        except NoWorker as e:
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+
+    # --- a resumed session -----------------------------------------------------------------
+
+    async def _resumption(self, request, grpc_context):
+        span = tracing.start_span("resume", tracing.extract(grpc_context.invocation_metadata()), kind=SpanKind.SERVER,
+                                  attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem",
+                                              "gen_ai.response.id": request.session_id,
+                                              "tandem.resume.from_index": request.from_index})
+        try:
+            session, record = await self._restore(request.session_id, request.from_index)
         except BaseException as e:
-            span.set_status(Status(StatusCode.ERROR, str(e)))
+            _refuse(grpc_context, span, e)
             span.end()
             raise
-        _describe(span, session, self.model)
+        metrics.resumes.inc()
+        _describe(span, "resume", session, self.model)
+        detok = resumed(self.tokenizer, record.generated, [c.output_tokens for c in record.per_cycle],
+                        request.from_index)
+        finished = record.status in FINISHED
+        tail = record.generated[request.from_index:]
+        yield wire.Chunk(session.session_id, tail, detok.push(tail, final=finished),
+                         record.status if finished else "", session.stats if finished else None)
+        if finished:
+            _conclude(span, session)
+            span.end()
+            return
+        async for chunk in self._serve(session, span, detok, grpc_context):
+            yield chunk
+
+    async def _restore(self, session_id: str, from_index: int) -> tuple[Session, SessionRecord]:
+        """The session from Redis, taken over by this replica (a finished one is only read)."""
+        await self._connect_or_refuse()
+        owner = _writer()
+        record = await self.store.claim(session_id, owner)
+        if record is None:
+            raise FieldError(grpc.StatusCode.NOT_FOUND, "session_id", f"no session {session_id!r} (finished "
+                             f"sessions are kept for {self.config.session_ttl_s} s)")
+        if from_index > len(record.generated):
+            raise FieldError(grpc.StatusCode.OUT_OF_RANGE, "from_index",
+                             f"{from_index} is past the {len(record.generated)} tokens committed")
+        p = record.params
+        finished = record.status in FINISHED
+        session = Session(
+            session_id, SamplingParams(p["temperature"], p["top_k"], p["top_p"], p["seed"]), list(record.tokens),
+            record.prompt_len, p["max_tokens"], GammaPolicy.from_dict(record.policy) if record.policy
+            else self._policy_template.with_fresh_acceptance(), fixed_gamma=p["gamma"], owner=owner,
+            cycle=record.cycle, workers={"draft": None, "target": None} | record.workers,
+            cache_lens={"draft": 0, "target": 0} | record.cache_lens, finish_reason=record.status if finished else "",
+            started=time.perf_counter() - max(0.0, time.time() - record.created_s),
+        )
+        session.stats = wire.Stats(time.time() - record.created_s, record.ttft_s, list(record.per_cycle))
+        return session, record
+
+    # --- cycles to chunks, and how a request ends ------------------------------------------
+
+    async def _serve(self, session: Session, span, detok: IncrementalDetokenizer, grpc_context):
+        """Run the session's cycles and turn each into a chunk; end the request cleanly however
+        it ends: finished, refused (a clear status), or abandoned by its client."""
+        clock = metrics.RequestClock()
         here = trace.set_span_in_context(span)
-        detok = IncrementalDetokenizer(self.tokenizer)
+        ended = ""  # how the session ended when it did not finish: abandoned, unavailable, taken over
         try:
             async for out in self.loop.run(session, here):
                 metrics.observe_cycle(session.stats.per_cycle[-1])
                 clock.delivered(len(out.tokens), session.finish_reason if out.finished else "")
-                text = detok.push(out.tokens, final=out.finished)
                 last = out.finished
-                yield wire.Chunk(session.session_id, out.tokens, text,
-                                  session.finish_reason if last else "", session.stats if last else None)
-        except grpc.aio.AioRpcError as e:  # a worker failed: tell the client which and why
-            grpc_context.set_code(grpc.StatusCode.UNAVAILABLE if e.code() == grpc.StatusCode.UNAVAILABLE
-                                  else grpc.StatusCode.INTERNAL)
-            grpc_context.set_details(f"worker call failed: {e.code().name}: {e.details()}")
-            span.set_status(Status(StatusCode.ERROR, f"worker call failed: {e.code().name}"))
+                yield wire.Chunk(session.session_id, out.tokens, detok.push(out.tokens, final=last),
+                                 session.finish_reason if last else "", session.stats if last else None)
+        except BaseException as e:
+            ended = _ending(e)
+            _refuse(grpc_context, span, e)
             raise
         finally:
             if session.policy.n:
                 self._policy_template = session.policy
-            await self._release(session.session_id, here)
+            await self._end(session, ended, here)
             _conclude(span, session)
             span.end()
 
-    async def _release(self, session_id: str, parent) -> None:
-        # Caches are soft state: free them now rather than waiting for LRU eviction.
-        results = await asyncio.gather(self.draft.release(session_id, parent),
-                                       self.target.release(session_id, parent), return_exceptions=True)
-        for r in results:
+    async def _end(self, session: Session, ended: str, parent) -> None:
+        """Record how an unfinished session ended (it stays resumable) and free its caches now
+        rather than waiting for LRU eviction: they are soft state."""
+        if ended in ("abandoned", "unavailable"):  # resumable; the record says why it stopped
+            try:
+                await self.store.finish(session.session_id, session.owner, ended)
+            except StoreUnavailable:
+                pass
+        pools = {"draft": self.drafts, "target": self.targets}
+        calls = [pools[kind].workers[address].client.release(session.session_id, parent)
+                 for kind, address in session.used if address in pools[kind].workers]
+        for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, Exception):
-                log.warning("release of %s failed: %s", session_id, r)
-
-    async def Generate(self, request, grpc_context):
-        chunks = [c async for c in self._chunks(request, grpc_context)]
-        return wire.response_to_pb(chunks[0].session_id, chunks)
-
-    async def GenerateStream(self, request, grpc_context):
-        async for chunk in self._chunks(request, grpc_context):
-            yield wire.chunk_to_pb(chunk)
+                log.warning("release of %s failed: %s", session.session_id, r)
 
 
-def _describe(span, session: Session, model: str) -> None:
+def _writer() -> str:
+    """A new writer's id for the session record: which orchestrator process writes it, and a
+    part of its own (host:pid:random)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _ending(e: BaseException) -> str:
+    """How an unfinished session ended, as its record will say."""
+    if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
+        return "abandoned"  # the client went away
+    if isinstance(e, Fenced):
+        return "taken over"  # another stream writes it now: its record is not ours to touch
+    if isinstance(e, StoreUnavailable):
+        return "store unavailable"  # nothing can be recorded
+    return "unavailable"
+
+
+def _refusal(e: BaseException) -> _Refused | None:
+    """The status a failure is answered with; None for a client that went away."""
+    if isinstance(e, _Refused):
+        return e
+    if isinstance(e, FieldError):
+        return _Refused(e.code, str(e))
+    if isinstance(e, NoWorker):
+        return _Refused(grpc.StatusCode.UNAVAILABLE, f"{e}; the session can be resumed")
+    if isinstance(e, StoreUnavailable):
+        return _Refused(grpc.StatusCode.UNAVAILABLE, f"{e}; the session can be resumed once it is back")
+    if isinstance(e, Fenced):
+        return _Refused(grpc.StatusCode.ABORTED, f"{e}: this stream stops")
+    if isinstance(e, grpc.aio.AioRpcError):  # a worker failed in a way another worker would not mend
+        code = grpc.StatusCode.UNAVAILABLE if e.code() in FAILOVER_CODES else grpc.StatusCode.INTERNAL
+        return _Refused(code, f"worker call failed: {e.code().name}: {e.details()}")
+    return None
+
+
+def _refuse(grpc_context, span, e: BaseException) -> None:
+    """Answer the failure with its status (the client's side of `_refusal`), in the span too."""
+    refused = _refusal(e)
+    if refused is None:
+        return
+    if isinstance(e, StoreUnavailable):
+        metrics.store_unavailable.inc()
+    grpc_context.set_code(refused.code)
+    grpc_context.set_details(str(refused))
+    span.set_status(Status(StatusCode.ERROR, f"{refused.code.name}: {refused}"))
+
+
+def _describe(span, operation: str, session: Session, model: str) -> None:
     """The request span's OpenTelemetry GenAI attributes (semantic conventions v1.36.0)."""
     p = session.params
-    span.update_name(f"text_completion {model}")
+    span.update_name(f"{operation} {model}")
     span.set_attributes({
         "gen_ai.request.model": model, "gen_ai.request.temperature": p.temperature,
         "gen_ai.request.top_p": p.top_p, "gen_ai.request.top_k": p.top_k,

@@ -28,3 +28,18 @@ class IncrementalDetokenizer:
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
+
+
+def resumed(tokenizer, generated: list[int], chunk_sizes: list[int], from_index: int) -> IncrementalDetokenizer:
+    """A detokenizer in the state a stream's had once it sent the first from_index tokens,
+    pushed chunk by chunk as they went out (so a resumed stream's text goes on from exactly
+    where the client's stopped, when from_index ends a chunk)."""
+    detok = IncrementalDetokenizer(tokenizer)
+    sent = 0
+    for size in chunk_sizes:
+        if sent + size > from_index:
+            break
+        detok.push(generated[sent:sent + size])
+        sent += size
+    detok.push(generated[sent:from_index])  # an index inside a chunk: as if it ended one
+    return detok

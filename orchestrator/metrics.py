@@ -4,7 +4,7 @@ vLLM's are). Served over HTTP by `serve(port)` from the Ray Serve replica's proc
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from tandem.wire.generation import CycleStats
 
@@ -32,6 +32,20 @@ inter_token_latency = Histogram("tandem:inter_token_latency_seconds", "Wait befo
 e2e_request_latency = Histogram("tandem:e2e_request_latency_seconds", "Request to last token.",
                                 buckets=_LATENCY, registry=REGISTRY)
 request_success = Counter("tandem:request_success", "Finished requests.", ["finished_reason"], registry=REGISTRY)
+
+# The cluster: worker health, failures and failovers, re-prefills, resumes.
+worker_healthy = Gauge("tandem:worker_healthy", "1 while a worker serves and is routed to.", ["pool", "address"],
+                       registry=REGISTRY)
+worker_failures = Counter("tandem:worker_failures", "Worker calls that failed (UNAVAILABLE, deadline, a reset "
+                          "stream).", ["pool"], registry=REGISTRY)
+failovers = Counter("tandem:failovers", "Sessions moved to another worker of a pool.", ["pool"], registry=REGISTRY)
+reprefills = Counter("tandem:reprefills", "Whole sequences sent again to a worker: it had lost the session "
+                     "(cache_miss) or the session moved to it (failover).", ["pool", "reason"], registry=REGISTRY)
+undrafted_cycles = Counter("tandem:undrafted_cycles", "Cycles run at γ = 0 because no draft worker was available.",
+                           registry=REGISTRY)
+resumes = Counter("tandem:resumes", "Sessions resumed from Redis.", registry=REGISTRY)
+store_unavailable = Counter("tandem:store_unavailable", "Requests that ended because Redis stayed unreachable.",
+                        registry=REGISTRY)
 
 _PARTS = ("draft", "verify", "transport", "redis", "orchestration")
 

@@ -1,42 +1,102 @@
 """Sessions in Redis, the source of truth.
 
-Per session two keys, both with a TTL:
+Per session three keys, all with a TTL:
 - `tandem:session:{id}` (hash): request parameters, seed, cycle counter, γ-policy state, worker
-  assignment and the workers' cache lengths, status;
+  assignment and the workers' cache lengths, status, owner, creation time, TTFT;
 - `tandem:session:{id}:tokens` (string): the committed sequence, prompt first, as
-  little-endian int32, only ever APPENDed.
-Each cycle commits in one server-side script (atomic like MULTI/EXEC, but one command and
-one reply: the per-cycle client cost is a third of a six-command transaction's), before the
-client sees its tokens.
+  little-endian int32, only ever APPENDed;
+- `tandem:session:{id}:cycles` (string): each committed cycle's counts and time split, packed,
+  only ever APPENDed (a resumed session's stats cover the whole generation).
+
+A session has one writer at a time. Each cycle commits in one server-side script, before the
+client sees its tokens, and only if the writer still owns the session (`owner`, which a
+resume takes over) and the session is at the cycle before it: a stale writer stops, and a
+token is committed exactly once. A commit retried after a lost reply finds its own cycle
+already there and succeeds without writing twice. Redis faults are retried for a bounded
+time, then reported as `StoreUnavailable`.
 """
 
+import asyncio
 import json
-from dataclasses import dataclass
+import struct
+import time
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from tandem.wire.generation import CycleStats
+
+FINISHED = ("stop", "length")  # statuses of a session that has generated all it will
+# One CycleStats, in its field order: gamma, accepted, output tokens, start, the six time
+# parts (draft, verify, transport, redis, orchestration as float64 ms), wire bytes, drafted
+# ahead, ahead ms.
+_CYCLE = struct.Struct("<3I6dI?d")
 
 
-def _meta_key(session_id: str) -> str:
-    return f"tandem:session:{session_id}"
+def _keys(session_id: str) -> list[str]:
+    meta = f"tandem:session:{session_id}"
+    return [meta, f"{meta}:tokens", f"{meta}:cycles"]
 
 
-def _tokens_key(session_id: str) -> str:
-    return f"tandem:session:{session_id}:tokens"
-
-
-# KEYS: the tokens key, the meta key. ARGV: the packed tokens, the TTL, then field/value pairs.
+# KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, then
+# field/value pairs. Returns 1 (committed), 2 (this cycle was already committed by this owner:
+# a retry), 0 (another writer owns the session, or it is at another cycle), -1 (no session).
 _COMMIT = """
-redis.call('APPEND', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], unpack(ARGV, 3))
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local state = redis.call('HMGET', KEYS[1], 'owner', 'cycle')
+if state[1] ~= ARGV[1] then return 0 end
+local at = tonumber(state[2])
+local cycle = tonumber(ARGV[2])
+if at == cycle then return 2 end
+if at ~= cycle - 1 then return 0 end
+redis.call('APPEND', KEYS[2], ARGV[3])
+redis.call('APPEND', KEYS[3], ARGV[4])
+redis.call('HSET', KEYS[1], 'cycle', ARGV[2], unpack(ARGV, 6))
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+return 1
+"""
+
+# KEYS: meta, tokens, cycles. ARGV: the new owner. Takes an unfinished session over (the
+# writer before is fenced from its next commit on) and returns it: {meta pairs, tokens,
+# cycles}, or nil when there is no such session.
+_CLAIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'stop' and status ~= 'length' then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'running')
+end
+return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or '', redis.call('GET', KEYS[3]) or ''}
+"""
+
+# KEYS: meta. ARGV: owner, status. Sets how a session ended if this writer still owns it.
+_FINISH = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[2])
 return 1
 """
 
 
-def _pack(tokens: list[int]) -> bytes:
+class StoreUnavailable(Exception):
+    """Redis did not answer within the store's retry bound."""
+
+
+class Fenced(Exception):
+    """Another writer owns the session now (or it expired): this one must stop."""
+
+
+def _pack_tokens(tokens: list[int]) -> bytes:
     return np.asarray(tokens, dtype="<i4").tobytes()
+
+
+def pack_cycle(c: CycleStats) -> bytes:
+    return _CYCLE.pack(*astuple(c))
+
+
+def unpack_cycles(packed: bytes) -> list[CycleStats]:
+    return [CycleStats(*values) for values in _CYCLE.iter_unpack(packed)]
 
 
 @dataclass
@@ -47,73 +107,123 @@ class SessionRecord:
     params: dict  # sampling parameters, max_tokens, requested gamma
     prompt_len: int
     tokens: list[int]
-    cycle: int
-    policy: dict
-    workers: dict  # {"draft": address, "target": address}
-    cache_lens: dict  # {"draft": n, "target": n}: soft hints, the workers may have evicted
-    status: str  # "running", "stop", "length"
+    cycle: int = 0
+    policy: dict = field(default_factory=dict)
+    workers: dict = field(default_factory=dict)  # {"draft": address, "target": address}: hints
+    cache_lens: dict = field(default_factory=dict)  # {"draft": n, "target": n}: soft hints
+    status: str = "running"  # running, abandoned, unavailable (all resumable); stop, length
+    owner: str = ""  # the writer allowed to commit
+    created_s: float = 0.0  # wall clock (epoch seconds) when the session began
+    ttft_s: float = 0.0
+    per_cycle: list[CycleStats] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+
+_JSON_FIELDS = ("params", "policy", "workers", "cache_lens")
+
+
+def _encode(values: dict) -> dict:
+    return {k: json.dumps(v) if k in _JSON_FIELDS else v for k, v in values.items()}
+
+
+def _record(session_id: str, meta: dict, packed_tokens: bytes, packed_cycles: bytes) -> SessionRecord:
+    meta = {(k.decode() if isinstance(k, bytes) else k): v.decode() for k, v in meta.items()}
+    return SessionRecord(
+        session_id=session_id, params=json.loads(meta["params"]), prompt_len=int(meta["prompt_len"]),
+        tokens=np.frombuffer(packed_tokens, dtype="<i4").tolist(), cycle=int(meta["cycle"]),
+        policy=json.loads(meta["policy"]), workers=json.loads(meta["workers"]),
+        cache_lens=json.loads(meta["cache_lens"]), status=meta["status"], owner=meta.get("owner", ""),
+        created_s=float(meta.get("created_s", 0)), ttft_s=float(meta.get("ttft_s", 0)),
+        per_cycle=unpack_cycles(packed_cycles),
+    )
 
 
 class SessionStore:
-    def __init__(self, client: aioredis.Redis, ttl_s: int = 3600) -> None:
+    def __init__(self, client: aioredis.Redis, ttl_s: int = 3600, retry_s: float = 10.0) -> None:
         self.redis = client
         self.ttl_s = ttl_s
-        self._commit = client.register_script(_COMMIT)  # EVALSHA, loading the script when needed
+        self.retry_s = retry_s
+        # EVALSHA, loading the script when Redis does not know it (a restarted Redis forgets).
+        self._commit = client.register_script(_COMMIT)
+        self._claim = client.register_script(_CLAIM)
+        self._finish = client.register_script(_FINISH)
 
     @classmethod
-    def from_url(cls, url: str, ttl_s: int = 3600) -> "SessionStore":
-        return cls(aioredis.Redis.from_url(url), ttl_s)
+    def from_url(cls, url: str, ttl_s: int = 3600, retry_s: float = 10.0) -> "SessionStore":
+        return cls(aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0), ttl_s, retry_s)
+
+    async def _retrying(self, call):
+        """await call(), again while Redis is unreachable, for at most retry_s seconds."""
+        deadline = time.monotonic() + self.retry_s
+        pause = 0.05
+        while True:
+            try:
+                return await call()
+            except (RedisConnectionError, RedisTimeoutError) as e:  # also LOADING after a restart
+                if time.monotonic() + pause > deadline:
+                    raise StoreUnavailable(f"the session store did not answer for {self.retry_s:.0f} s "
+                                           f"({type(e).__name__})") from None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     async def create(self, record: SessionRecord) -> None:
-        meta = {
-            "params": json.dumps(record.params),
-            "prompt_len": record.prompt_len,
-            "cycle": record.cycle,
-            "policy": json.dumps(record.policy),
-            "workers": json.dumps(record.workers),
-            "cache_lens": json.dumps(record.cache_lens),
-            "status": record.status,
-        }
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(_meta_key(record.session_id), mapping=meta)
-            pipe.set(_tokens_key(record.session_id), _pack(record.tokens))
-            self._expire(pipe, record.session_id)
-            await pipe.execute()
+        meta = _encode({"params": record.params, "prompt_len": record.prompt_len, "cycle": record.cycle,
+                        "policy": record.policy, "workers": record.workers, "cache_lens": record.cache_lens,
+                        "status": record.status, "owner": record.owner, "created_s": record.created_s or time.time(),
+                        "ttft_s": record.ttft_s})
+        meta_key, tokens_key, cycles_key = _keys(record.session_id)
 
-    async def commit(
-        self, session_id: str, new_tokens: list[int], cycle: int, policy: dict, cache_lens: dict,
-        status: str,
-    ) -> None:
-        """Append one cycle's output tokens and its state, atomically."""
-        await self._commit(
-            keys=[_tokens_key(session_id), _meta_key(session_id)],
-            args=[_pack(new_tokens), self.ttl_s, "cycle", cycle, "policy", json.dumps(policy),
-                  "cache_lens", json.dumps(cache_lens), "status", status],
-        )
+        async def write():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(meta_key, mapping=meta)
+                pipe.set(tokens_key, _pack_tokens(record.tokens))
+                pipe.set(cycles_key, b"".join(pack_cycle(c) for c in record.per_cycle))
+                for key in (meta_key, tokens_key, cycles_key):
+                    pipe.expire(key, self.ttl_s)
+                await pipe.execute()
+
+        await self._retrying(write)
+
+    async def commit(self, session_id: str, owner: str, cycle: int, new_tokens: list[int], stats: CycleStats,
+                     state: dict) -> None:
+        """Append cycle `cycle`'s tokens and stats and set `state` (policy, cache_lens, workers,
+        status, ttft_s), atomically. Raises Fenced if this writer no longer owns the session."""
+        pairs = [x for item in _encode(state).items() for x in item]
+        result = await self._retrying(lambda: self._commit(
+            keys=_keys(session_id),
+            args=[owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *pairs]))
+        if result <= 0:
+            raise Fenced(f"session {session_id} " + ("expired" if result < 0 else "is written by another stream"))
+
+    async def claim(self, session_id: str, owner: str) -> SessionRecord | None:
+        """Take an unfinished session over for `owner` and return it (None: no such session)."""
+        found = await self._retrying(lambda: self._claim(keys=_keys(session_id), args=[owner]))
+        if found is None:
+            return None
+        pairs, packed_tokens, packed_cycles = found
+        return _record(session_id, dict(zip(pairs[::2], pairs[1::2])), packed_tokens, packed_cycles)
+
+    async def finish(self, session_id: str, owner: str, status: str) -> bool:
+        """Record how a session ended (abandoned, unavailable), if `owner` still writes it."""
+        return bool(await self._retrying(lambda: self._finish(keys=_keys(session_id)[:1], args=[owner, status])))
 
     async def load(self, session_id: str) -> SessionRecord | None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(_meta_key(session_id))
-            pipe.get(_tokens_key(session_id))
-            meta, packed = await pipe.execute()
-        if not meta or packed is None:
-            return None
-        meta = {k.decode(): v.decode() for k, v in meta.items()}
-        return SessionRecord(
-            session_id=session_id,
-            params=json.loads(meta["params"]),
-            prompt_len=int(meta["prompt_len"]),
-            tokens=np.frombuffer(packed, dtype="<i4").tolist(),
-            cycle=int(meta["cycle"]),
-            policy=json.loads(meta["policy"]),
-            workers=json.loads(meta["workers"]),
-            cache_lens=json.loads(meta["cache_lens"]),
-            status=meta["status"],
-        )
+        meta_key, tokens_key, cycles_key = _keys(session_id)
 
-    def _expire(self, pipe, session_id: str) -> None:
-        pipe.expire(_meta_key(session_id), self.ttl_s)
-        pipe.expire(_tokens_key(session_id), self.ttl_s)
+        async def read():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hgetall(meta_key)
+                pipe.get(tokens_key)
+                pipe.get(cycles_key)
+                return await pipe.execute()
+
+        meta, packed_tokens, packed_cycles = await self._retrying(read)
+        if not meta or packed_tokens is None:
+            return None
+        return _record(session_id, meta, packed_tokens, packed_cycles or b"")
 
     async def close(self) -> None:
         await self.redis.aclose()

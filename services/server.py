@@ -51,6 +51,7 @@ class WorkerServicer:
         self.runtime = runtime
         # One thread owns the model: calls from all sessions run in order, never concurrently.
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self.queued = 0  # compute calls waiting for the model thread or running on it
 
     def check_sequence(self, session_id: str, cache_len: int, tokens) -> None:
         check_session_id(session_id)
@@ -77,7 +78,11 @@ class WorkerServicer:
             result.compute_ms = (time.perf_counter() - start) * 1e3
             return result
 
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread, run)
+        self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._model_thread, run)
+        finally:
+            self.queued -= 1
 
     async def answer(self, context, rpc: str, request, work):
         """Await work() in a server span (child of the caller's, from the metadata); a
@@ -116,12 +121,19 @@ class WorkerServicer:
     async def Describe(self, request, context):
         return wire.model_info_to_pb(self.runtime.info)
 
+    async def Load(self, request, context):
+        load = wire.WorkerLoad(self.runtime.num_sessions, self.runtime.cache_bytes, self.queued)
+        return wire.load_to_pb(load)
+
 
 async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server with the worker servicer and health checking; returns (server, port)."""
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # gRPC lets a second process bind a taken port on Linux; the orchestrator routes
+        # sessions by address, so a port must name one worker.
+        ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
     add_servicer(runtime, server)

@@ -6,6 +6,7 @@ neither torch nor Ray. Running a cluster needs `pip install 'tandem[server]'`.
 
 from tandem.client import AsyncClient, Client, GenerationResult, GenerationStats, StreamChunk
 from tandem.errors import (
+    AbortedError,
     DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
@@ -24,4 +25,5 @@ __all__ = [
     "AsyncClient", "Client", "GenerationResult", "GenerationStats", "StreamChunk", "CycleStats",
     "TandemError", "InvalidArgumentError", "OutOfRangeError", "FailedPreconditionError",
     "UnavailableError", "DeadlineExceededError", "NotFoundError", "ResourceExhaustedError", "InternalError",
+    "AbortedError",
 ]

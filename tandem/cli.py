@@ -86,7 +86,8 @@ def cmd_up(args) -> None:
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
                            redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port,
-                           draft_ahead=not args.no_draft_ahead)
+                           draft_ahead=not args.no_draft_ahead, draft_workers=args.draft_workers,
+                           target_workers=args.target_workers, replicas=args.replicas)
     with cluster:
         print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
               f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)
@@ -102,13 +103,22 @@ def cmd_orchestrator(args) -> None:
     from tandem.orchestrator.app import start_ingress, stop_ingress
     from tandem.orchestrator.config import OrchestratorConfig
 
-    config = OrchestratorConfig(draft_address=args.draft, target_address=args.target, redis_url=args.redis_url,
-                                tokenizer=args.tokenizer, max_gamma=args.max_gamma, metrics_port=args.metrics_port,
-                                draft_ahead=not args.no_draft_ahead)
+    try:
+        config = OrchestratorConfig(
+            draft_addresses=_addresses(args.draft), target_addresses=_addresses(args.target),
+            redis_url=args.redis_url, tokenizer=args.tokenizer, max_gamma=args.max_gamma,
+            metrics_port=args.metrics_port, draft_ahead=not args.no_draft_ahead, replicas=args.replicas)
+    except ValueError as e:
+        raise SystemExit(f"tandem orchestrator: {e}") from None
     start_ingress(config, args.grpc_port, host=args.host)
     print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)
     _wait_for_signal()
-    stop_ingress()
+    stop_ingress(config.app_name)
+
+
+def _addresses(text: str) -> tuple[str, ...]:
+    """"a:1,b:2" → ("a:1", "b:2")."""
+    return tuple(a.strip() for a in text.split(",") if a.strip())
 
 
 # --- tandem generate -------------------------------------------------------------------------
@@ -211,6 +221,13 @@ def cmd_check(args) -> None:
 # --- tandem bench ----------------------------------------------------------------------------
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _ints(text: str) -> list[int]:
     """"0-8" or "1,2,4,8" → a list of ints."""
     if "-" in text:
@@ -297,6 +314,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--dtype", default="float32")
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
+    up.add_argument("--draft-workers", type=_positive, default=1, help="draft workers to run (restarted if they die)")
+    up.add_argument("--target-workers", type=_positive, default=1,
+                    help="target verifiers to run (restarted if they die)")
+    up.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
     up.add_argument("--metrics-port", type=int, default=9100,
                     help="Prometheus: the orchestrator here, the draft and target workers on the next two ports (0: off)")
     up.set_defaults(func=cmd_up, extra="server")
@@ -327,8 +348,10 @@ def parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker, extra="server")
 
     orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")
-    orch.add_argument("--draft", required=True, help="draft worker host:port")
-    orch.add_argument("--target", required=True, help="target verifier host:port")
+    orch.add_argument("--draft", required=True, help="draft workers: ADDR[,ADDR...], each host:port or a DNS name "
+                      "that resolves to several (re-resolved every 10 s); '' for none (gamma 0 throughout)")
+    orch.add_argument("--target", required=True, help="target verifiers: ADDR[,ADDR...], as --draft")
+    orch.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
     orch.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     orch.add_argument("--tokenizer", help="tokenizer directory (default: token-id prompts only)")
     orch.add_argument("--grpc-port", type=int, default=9000)

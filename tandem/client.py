@@ -6,10 +6,17 @@
         print(result.text, result.stats.acceptance_rate)
         for chunk in client.stream(prompt="import os", max_tokens=64):
             print(chunk.text, end="", flush=True)
+
+A stream that breaks (a killed orchestrator replica, a lost connection) is resumed by itself:
+the client asks any replica to continue the session from the tokens it has received, a
+bounded number of times with backoff, and the caller sees every token once, in order.
 """
 
+import asyncio
 import functools
 import math
+import random
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -21,6 +28,7 @@ from tandem.wire import generation as wire
 
 DEFAULT_ADDRESS = "127.0.0.1:9000"
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_RESUME_ATTEMPTS = 8  # resumes in a row without a chunk: about 20 s of backoff
 
 
 @dataclass(frozen=True)
@@ -111,29 +119,64 @@ def build_request(
     )
 
 
-def _result(msg) -> GenerationResult:
-    c = wire.response_from_pb(msg)
-    return GenerationResult(c.session_id, c.text, c.token_ids, c.finish_reason,
-                            GenerationStats.from_stats(c.stats, len(c.token_ids)))
+class _Follow:
+    """One generation's progress on the client, and when to resume it: shared by the blocking
+    and asyncio clients. A break before the session id arrived re-sends the request (nothing
+    was delivered); after it, the stream resumes from the tokens received."""
 
+    # Statuses of a stream that broke, not of a request that was refused.
+    RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                 grpc.StatusCode.CANCELLED)
 
-class _StreamState:
-    """Turns wire chunks into StreamChunks, counting tokens for the final stats."""
+    def __init__(self, request, session_id: str | None, received: int, timeout_s: float, attempts: int) -> None:
+        self.request = request  # the GenerateRequest, or None for a resume
+        self.session_id = session_id
+        self.received = received  # generated tokens delivered so far
+        self.deadline = time.monotonic() + timeout_s
+        self.attempts = attempts  # resumes left before a break is final
+        self.failures = 0  # consecutive breaks without a chunk between them
 
-    def __init__(self) -> None:
-        self.generated = 0
+    def call(self, stub) -> tuple:
+        """(the streaming method, its request, the time left) for the next attempt."""
+        timeout = max(0.001, self.deadline - time.monotonic())
+        if self.session_id is None:
+            return stub.GenerateStream, wire.generation_request_to_pb(self.request), timeout
+        return stub.Resume, wire.resume_request(self.session_id, self.received), timeout
 
-    def chunk(self, msg) -> StreamChunk:
+    def chunk(self, msg) -> StreamChunk | None:
+        """A chunk for the caller; None for one that only names the session."""
         c = wire.chunk_from_pb(msg)
-        self.generated += len(c.token_ids)
-        stats = GenerationStats.from_stats(c.stats, self.generated) if c.stats else None
+        self.session_id = c.session_id or self.session_id
+        self.received += len(c.token_ids)
+        self.failures = 0
+        if not c.token_ids and not c.finish_reason:
+            return None
+        stats = GenerationStats.from_stats(c.stats, self.received) if c.stats else None
         return StreamChunk(c.session_id, c.token_ids, c.text, c.finish_reason, stats)
+
+    def pause_before_retry(self, e: grpc.RpcError) -> float:
+        """Seconds to wait before resuming after `e`; raises the SDK's error when it is final."""
+        error = from_rpc_error(e)
+        self.failures += 1
+        pause = min(4.0, 0.25 * 2 ** (self.failures - 1)) * random.uniform(0.8, 1.2)
+        if (error.code not in self.RESUMABLE or self.failures > self.attempts
+                or time.monotonic() + pause >= self.deadline):
+            raise error from None
+        return pause
+
+
+def _fold(session_id: str | None, chunks: list[StreamChunk]) -> GenerationResult:
+    """A whole generation from its chunks (the last carries finish_reason and stats)."""
+    last = chunks[-1]
+    return GenerationResult(session_id or last.session_id, "".join(c.text for c in chunks),
+                            [t for c in chunks for t in c.token_ids], last.finish_reason, last.stats)
 
 
 class _Base:
-    def __init__(self, address: str, app_name: str, timeout_s: float) -> None:
+    def __init__(self, address: str, app_name: str, timeout_s: float, resume_attempts: int) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.resume_attempts = resume_attempts
         self._route = (("application", app_name),)  # Ray Serve's gRPC ingress routes on it
 
     @property
@@ -146,6 +189,9 @@ class _Base:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         return self._route + tuple(carrier.items())
+
+    def _follow(self, request, session_id: str | None, received: int, timeout_s: float | None) -> _Follow:
+        return _Follow(request, session_id, received, timeout_s or self.timeout_s, self.resume_attempts)
 
 
 @functools.cache
@@ -160,11 +206,13 @@ def _opentelemetry_propagate():
 
 
 class Client(_Base):
-    """Blocking client of a tandem cluster's gRPC ingress."""
+    """Blocking client of a tandem cluster's gRPC ingress. `timeout_s` bounds a whole
+    generation, resumes included; `resume_attempts` bounds the resumes in a row that deliver
+    nothing."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, app_name: str = "tandem",
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        super().__init__(address, app_name, timeout_s)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, resume_attempts: int = DEFAULT_RESUME_ATTEMPTS) -> None:
+        super().__init__(address, app_name, timeout_s, resume_attempts)
         self.channel = grpc.insecure_channel(address)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
@@ -174,12 +222,7 @@ class Client(_Base):
                  gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
         """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
-        try:
-            msg = self.stub.Generate(wire.generation_request_to_pb(req), metadata=self.metadata,
-                                     timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        return _result(msg)
+        return _fold(None, list(self._stream(self._follow(req, None, 0, timeout_s))))
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,
@@ -187,13 +230,23 @@ class Client(_Base):
                gamma: int | str | None = None, timeout_s: float | None = None) -> Iterator[StreamChunk]:
         """Yield chunks as cycles commit them; the last one carries finish_reason and stats."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
-        state = _StreamState()
-        try:
-            for msg in self.stub.GenerateStream(wire.generation_request_to_pb(req),
-                                                metadata=self.metadata, timeout=timeout_s or self.timeout_s):
-                yield state.chunk(msg)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        return self._stream(self._follow(req, None, 0, timeout_s))
+
+    def resume(self, session_id: str, from_index: int = 0, *, timeout_s: float | None = None) -> Iterator[StreamChunk]:
+        """Continue a session: the committed tokens past from_index (generated tokens already
+        received), then the rest of the generation. A finished session replays its tail."""
+        return self._stream(self._follow(None, _checked_session(session_id), _checked_index(from_index), timeout_s))
+
+    def _stream(self, follow: _Follow) -> Iterator[StreamChunk]:
+        while True:
+            method, request, timeout = follow.call(self.stub)
+            try:
+                for msg in method(request, metadata=self.metadata, timeout=timeout):
+                    if (chunk := follow.chunk(msg)) is not None:
+                        yield chunk
+                return
+            except grpc.RpcError as e:
+                time.sleep(follow.pause_before_retry(e))
 
     def close(self) -> None:
         self.channel.close()
@@ -206,11 +259,11 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """asyncio client of a tandem cluster's gRPC ingress."""
+    """asyncio client of a tandem cluster's gRPC ingress (the same methods as `Client`)."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, app_name: str = "tandem",
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        super().__init__(address, app_name, timeout_s)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, resume_attempts: int = DEFAULT_RESUME_ATTEMPTS) -> None:
+        super().__init__(address, app_name, timeout_s, resume_attempts)
         self.channel = grpc.aio.insecure_channel(address)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
@@ -219,25 +272,29 @@ class AsyncClient(_Base):
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                        gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
-        try:
-            msg = await self.stub.Generate(wire.generation_request_to_pb(req), metadata=self.metadata,
-                                           timeout=timeout_s or self.timeout_s)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
-        return _result(msg)
+        return _fold(None, [c async for c in self._stream(self._follow(req, None, 0, timeout_s))])
 
-    async def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
-                     max_tokens: int | None = None, temperature: float | None = None,
-                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                     gamma: int | str | None = None, timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
+    def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
+               max_tokens: int | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               gamma: int | str | None = None, timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
-        state = _StreamState()
-        try:
-            async for msg in self.stub.GenerateStream(wire.generation_request_to_pb(req),
-                                                      metadata=self.metadata, timeout=timeout_s or self.timeout_s):
-                yield state.chunk(msg)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        return self._stream(self._follow(req, None, 0, timeout_s))
+
+    def resume(self, session_id: str, from_index: int = 0, *,
+               timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
+        return self._stream(self._follow(None, _checked_session(session_id), _checked_index(from_index), timeout_s))
+
+    async def _stream(self, follow: _Follow) -> AsyncIterator[StreamChunk]:
+        while True:
+            method, request, timeout = follow.call(self.stub)
+            try:
+                async for msg in method(request, metadata=self.metadata, timeout=timeout):
+                    if (chunk := follow.chunk(msg)) is not None:
+                        yield chunk
+                return
+            except grpc.RpcError as e:
+                await asyncio.sleep(follow.pause_before_retry(e))
 
     async def close(self) -> None:
         await self.channel.close()
@@ -247,3 +304,15 @@ class AsyncClient(_Base):
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+def _checked_session(session_id: str) -> str:
+    if not isinstance(session_id, str) or not session_id:
+        raise ValueError("session_id must be a non-empty string")
+    return session_id
+
+
+def _checked_index(from_index: int) -> int:
+    if isinstance(from_index, bool) or not isinstance(from_index, int) or from_index < 0:
+        raise ValueError(f"from_index must be an int >= 0, got {from_index!r}")
+    return from_index

@@ -48,9 +48,15 @@ class InternalError(TandemError):
     code = grpc.StatusCode.INTERNAL
 
 
+class AbortedError(TandemError):
+    """The session is continued by another stream (a resume elsewhere took it over)."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgumentError, OutOfRangeError, FailedPreconditionError, UnavailableError,
-    DeadlineExceededError, NotFoundError, ResourceExhaustedError, InternalError,
+    DeadlineExceededError, NotFoundError, ResourceExhaustedError, InternalError, AbortedError,
 )}
 
 

@@ -1,18 +1,26 @@
-"""A whole cluster on this machine: Redis (embedded unless a URL is given), a draft worker and
-a target verifier as child processes, and the Ray Serve app behind its gRPC ingress.
-`tandem up` runs one until a signal; `tandem bench` runs one around its measurements."""
+"""A whole cluster on this machine: Redis (embedded unless a URL is given), pools of draft
+workers and target verifiers as child processes, and the Ray Serve app behind its gRPC ingress.
+
+A supervisor thread restarts any worker, or the embedded Redis, that dies, on the same port:
+the orchestrator's pools find a worker again through their health watches, and the embedded
+Redis keeps an append-only file, so its sessions survive a restart. `tandem up` runs a local
+cluster until a signal; `tandem bench` runs one around its measurements."""
 
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+SUPERVISE_EVERY_S = 0.5
 
 
 def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str,
-                 echo: bool = True, metrics_port: int = 0) -> tuple[subprocess.Popen, str]:
+                 echo: bool = True, metrics_port: int = 0, port: int = 0) -> tuple[subprocess.Popen, str]:
     """Start `tandem worker` as a child process; return it and the address it listens on."""
-    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", "0",
+    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", str(port),
            "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port)]
     # An OpenMP thread that spins after its parallel region steals a core from the other
     # worker on a small machine; let idle threads sleep.
@@ -45,71 +53,154 @@ def _drain(stream, echo: bool) -> None:
             print(line.rstrip(), flush=True)
 
 
+@dataclass
+class _Child:
+    """A supervised process and how to start it again."""
+
+    name: str
+    start: Callable[[], subprocess.Popen]
+    proc: subprocess.Popen
+    restarts: int = 0
+
+
+class Supervisor:
+    """Child processes that a thread restarts when they die (with the same start function, so
+    on the same port), until stop()."""
+
+    def __init__(self, say: Callable[[str], None] = print) -> None:
+        self.say = say
+        self._children: dict[str, _Child] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tandem-supervisor", daemon=True)
+
+    def add(self, name: str, start: Callable[[], subprocess.Popen], proc: subprocess.Popen | None = None) -> None:
+        """Supervise `name`: `proc` if it is running already, else what start() starts."""
+        self._children[name] = _Child(name, start, proc or start())
+
+    def forget(self, name: str) -> subprocess.Popen:
+        """Stop supervising `name` (it is not restarted any more); returns its process."""
+        return self._children.pop(name).proc
+
+    def proc(self, name: str) -> subprocess.Popen:
+        return self._children[name].proc
+
+    def restarts(self, name: str) -> int:
+        return self._children[name].restarts
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._children)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(SUPERVISE_EVERY_S):
+            for child in list(self._children.values()):
+                code = child.proc.poll()
+                if code is None or self._stopping.is_set():
+                    continue
+                self.say(f"tandem: {child.name} exited ({code}); restarting it")
+                try:
+                    child.proc, child.restarts = child.start(), child.restarts + 1
+                except (RuntimeError, OSError) as e:  # try again at the next round
+                    self.say(f"tandem: {child.name} did not restart: {e}")
+
+    def stop(self) -> None:
+        """Stop restarting, then stop every child (a restart under way finishes first)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        stop_processes([c.proc for c in self._children.values()])
+        self._children = {}
+
+
 class LocalCluster:
     """Start with `start()` (or `with`); `address` is the gRPC ingress, `workers` the worker
-    processes by kind ("draft", "target")."""
+    processes by name ("draft-0", "target-0", ...) and `addresses` where they listen;
+    `supervisor` restarts any of them, and the embedded Redis ("redis"), that dies."""
 
     def __init__(self, draft_model: str, target_model: str, grpc_port: int, host: str = "127.0.0.1",
                  threads: int = 0, device: str = "cpu", dtype: str = "float32", max_gamma: int = 8,
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
-                 draft_ahead: bool = True) -> None:
-        self.draft_model, self.target_model = draft_model, target_model
+                 draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
+                 options: dict | None = None) -> None:
+        """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...)."""
+        self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.host = grpc_port, host
-        # Two workers on a small machine: split the cores, or they fight over threads.
-        self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
+        # Workers on a small machine: split the cores, or they fight over threads.
+        self.threads = threads or max(1, (os.cpu_count() or 2) // len(self.names))
         self.device, self.dtype, self.max_gamma = device, dtype, max_gamma
-        self.redis_url, self.echo, self.draft_ahead = redis_url, echo, draft_ahead
-        # Prometheus: the orchestrator on metrics_port, the draft and target workers on the next two.
-        self.metrics_ports = {k: metrics_port + i if metrics_port else 0
-                              for i, k in enumerate(("orchestrator", "draft", "target"))}
-        self.workers: dict[str, subprocess.Popen] = {}
-        self.addresses: dict[str, str] = {}  # worker addresses by kind, once started
-        self._redis = None
-        self._ingress = False
+        self.redis_url, self.echo, self.draft_ahead, self.replicas = redis_url, echo, draft_ahead, replicas
+        # Prometheus: the orchestrator on metrics_port, the workers on the ports after it.
+        self.metrics_ports = {name: metrics_port + i if metrics_port else 0
+                              for i, name in enumerate(["orchestrator", *self.names])}
+        self.options = options or {}
+        self.addresses: dict[str, str] = {}  # worker addresses by name, once started
+        self.supervisor = Supervisor(self._say)
+        self.redis = None  # the embedded Redis, when no URL was given
+        self.config = None  # the orchestrator's, once started
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.grpc_port}"
 
+    @property
+    def workers(self) -> dict[str, subprocess.Popen]:
+        """The worker processes now running, by name (a restart replaces one)."""
+        return {name: self.supervisor.proc(name) for name in self.names if name in self.supervisor.names}
+
     def start(self) -> "LocalCluster":
         from tandem.orchestrator.app import start_ingress
         from tandem.orchestrator.config import OrchestratorConfig
-        from tandem.orchestrator.redis_server import EmbeddedRedis
+        from tandem.orchestrator.redis_server import EmbeddedRedis, free_port
 
         try:
             if not self.redis_url:
-                self._redis = EmbeddedRedis()
-                self.redis_url = self._redis.url
-                self._say(f"redis (embedded) listening on {self.redis_url}")
-            addresses = self.addresses
-            for kind, model in (("draft", self.draft_model), ("target", self.target_model)):
-                proc, addresses[kind] = spawn_worker(kind, model, self.host, self.threads, self.device,
-                                                     self.dtype, self.echo, self.metrics_ports[kind])
-                self.workers[kind] = proc
-            has_tokenizer = (Path(self.target_model) / "tokenizer_config.json").exists()
+                self.redis = EmbeddedRedis(appendonly=True)
+                self.redis_url = self.redis.url
+                self.supervisor.add("redis", self.redis.restart, self.redis.process)
+                self._say(f"redis (embedded, append-only file in {self.redis.data_dir}) listening on {self.redis_url}")
+            for name in self.names:
+                self.supervisor.add(name, self._worker_starter(name, free_port()))
+            has_tokenizer = (Path(self.models["target"]) / "tokenizer_config.json").exists()
             config = OrchestratorConfig(
-                draft_address=addresses["draft"], target_address=addresses["target"], redis_url=self.redis_url,
-                tokenizer=self.target_model if has_tokenizer else None, max_gamma=self.max_gamma,
-                metrics_port=self.metrics_ports["orchestrator"], draft_ahead=self.draft_ahead,
+                draft_addresses=tuple(a for n, a in self.addresses.items() if n.startswith("draft")),
+                target_addresses=tuple(a for n, a in self.addresses.items() if n.startswith("target")),
+                redis_url=self.redis_url, tokenizer=self.models["target"] if has_tokenizer else None,
+                max_gamma=self.max_gamma, metrics_port=self.metrics_ports["orchestrator"],
+                draft_ahead=self.draft_ahead, replicas=self.replicas, **self.options,
             )
             start_ingress(config, self.grpc_port, host=self.host)
-            self._ingress = True
+            self.config = config
+            self.supervisor.start()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _worker_starter(self, name: str, port: int) -> Callable[[], subprocess.Popen]:
+        """How to start (and restart) worker `name` on `port`."""
+        kind = name.split("-")[0]
+
+        def start() -> subprocess.Popen:
+            proc, self.addresses[name] = spawn_worker(kind, self.models[kind], self.host, self.threads, self.device,
+                                                      self.dtype, self.echo, self.metrics_ports[name], port)
+            return proc
+
+        return start
+
     def stop(self) -> None:
         from tandem.orchestrator.app import stop_ingress
 
-        if self._ingress:
-            stop_ingress()
-            self._ingress = False
-        stop_processes(list(self.workers.values()))
-        self.workers = {}
-        if self._redis:
-            self._redis.stop()
-            self._redis = None
+        if self.config is not None:
+            stop_ingress(self.config.app_name)
+            self.config = None
+        self.supervisor.stop()
+        if self.redis:
+            self.redis.stop()
+            self.redis = None
 
     def _say(self, line: str) -> None:
         if self.echo:

@@ -101,9 +101,9 @@ def cluster(pair, workers, redis_url):
     from tandem.orchestrator.redis_server import free_port
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    config = OrchestratorConfig(draft_address=workers["draft"], target_address=workers["target"],
+    config = OrchestratorConfig(draft_addresses=(workers["draft"],), target_addresses=(workers["target"],),
                                 redis_url=redis_url, tokenizer=pair["target"], max_gamma=8, metrics_port=free_port())
     port = free_port()
     start_ingress(config, port)
     yield {"address": f"127.0.0.1:{port}", "config": config, "port": port}
-    stop_ingress()
+    stop_ingress(config.app_name)

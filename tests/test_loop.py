@@ -3,19 +3,9 @@
 import asyncio
 
 import torch
+from cycles import generate, open_session, release, running_loop
 
 from tandem.math.params import SamplingParams
-from tandem.orchestrator.clients import DraftClient, VerifierClient
-from tandem.orchestrator.cycle import Session, SpeculativeLoop
-from tandem.orchestrator.policy import GammaPolicy
-from tandem.orchestrator.store import SessionRecord, SessionStore
-
-
-async def _open(store, session_id, prompt, params, max_tokens, gamma) -> Session:
-    """A session on its prompt, with its record in Redis, as the orchestrator starts one."""
-    s = Session(session_id, params, list(prompt), len(prompt), max_tokens, GammaPolicy(), fixed_gamma=gamma)
-    await store.create(SessionRecord(session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
-    return s
 
 
 def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, redis_url, pair, target_model):
@@ -24,21 +14,19 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
         expected = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)[0, len(prompt):]
 
     async def run():
-        draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
-        store = SessionStore.from_url(redis_url)
-        loop = SpeculativeLoop(draft, target, store, (pair["eos"],))
-        s = await _open(store, "loop-test", prompt, SamplingParams(temperature=0.0), 20, 3)
-        out, dropped = [], {"draft": 0, "target": 0}
-        async for cycle in loop.run(s):
-            out.extend(cycle.tokens)
-            # Both workers forget the session (eviction, restart, another replica): the next
-            # cycle's cache_len > 0 meets a miss and the whole sequence is re-sent. (The next
-            # cycle's draft call is already under way: it may land before or after the loss.)
-            dropped["draft"] += await draft.release(s.session_id)
-            dropped["target"] += await target.release(s.session_id)
-        record = await store.load(s.session_id)
-        await asyncio.gather(draft.close(), target.close(), store.close())
-        return out, record, s, dropped
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            s = await open_session(loop, "loop-test", prompt, SamplingParams(temperature=0.0), 20, 3)
+            draft = loop.drafts.workers[workers["draft"]].client
+            target = loop.targets.workers[workers["target"]].client
+            out, dropped = [], {"draft": 0, "target": 0}
+            async for cycle in loop.run(s):
+                out.extend(cycle.tokens)
+                # Both workers forget the session (eviction, restart, another replica): the next
+                # cycle's cache_len > 0 meets a miss and the whole sequence is re-sent. (The next
+                # cycle's draft call is already under way: it may land before or after the loss.)
+                dropped["draft"] += await draft.release(s.session_id)
+                dropped["target"] += await target.release(s.session_id)
+            return out, await loop.store.load(s.session_id), s, dropped
 
     out, record, s, dropped = asyncio.run(run())
     assert dropped["draft"] >= s.cycle // 2 and dropped["target"] == s.cycle
@@ -46,20 +34,20 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
     assert s.policy.n == 0 and s.policy.verify_transport_ms < 0
     assert out == expected.tolist()
     assert record.tokens == prompt + out and record.cycle == s.cycle
+    assert [c.output_tokens for c in record.per_cycle] == [c.output_tokens for c in s.stats.per_cycle]
+    assert record.workers == {"draft": workers["draft"], "target": workers["target"]}
 
 
 def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40):
     """One session through the loop → (tokens, per-cycle stats)."""
 
     async def run():
-        draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
-        store = SessionStore.from_url(redis_url)
-        loop = SpeculativeLoop(draft, target, store, (pair["eos"],), draft_ahead=draft_ahead)
-        s = await _open(store, session_id, prompt, params, max_tokens, gamma)
-        out = [t async for cycle in loop.run(s) for t in cycle.tokens]
-        await asyncio.gather(draft.release(session_id), target.release(session_id))
-        await asyncio.gather(draft.close(), target.close(), store.close())
-        return out, s.stats.per_cycle
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],),
+                                draft_ahead=draft_ahead) as loop:
+            s = await open_session(loop, session_id, prompt, params, max_tokens, gamma)
+            out = await generate(loop, s)
+            await release(loop, s)
+            return out, s.stats.per_cycle
 
     return asyncio.run(run())
 
@@ -89,19 +77,16 @@ def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url
     not idle, and wasted guesses would delay that session's blocks."""
 
     async def run():
-        draft, target = DraftClient(workers["draft"]), VerifierClient(workers["target"])
-        store = SessionStore.from_url(redis_url)
-        loop = SpeculativeLoop(draft, target, store, (pair["eos"],), draft_ahead=True)
-        sessions = [await _open(store, name, pair["prompts"][0], SamplingParams(temperature=0.0), 30, 2)
-                    for name in ("ahead-a", "ahead-b")]
-        first = loop.run(sessions[0])
-        await anext(first)  # session a is in flight (paused between cycles) while b runs
-        b = [t async for cycle in loop.run(sessions[1]) for t in cycle.tokens]
-        a = [t async for cycle in first for t in cycle.tokens]
-        for s in sessions:
-            await asyncio.gather(draft.release(s.session_id), target.release(s.session_id))
-        await asyncio.gather(draft.close(), target.close(), store.close())
-        return sessions, a, b
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            sessions = [await open_session(loop, name, pair["prompts"][0], SamplingParams(temperature=0.0), 30, 2)
+                        for name in ("ahead-a", "ahead-b")]
+            first = loop.run(sessions[0])
+            await anext(first)  # session a is in flight (paused between cycles) while b runs
+            b = await generate(loop, sessions[1])
+            a = [t async for cycle in first for t in cycle.tokens]
+            for s in sessions:
+                await release(loop, s)
+            return sessions, a, b
 
     (a, b), a_rest, b_tokens = asyncio.run(run())
     assert not any(c.ahead_ms or c.drafted_ahead for c in b.stats.per_cycle)

@@ -80,26 +80,18 @@ def test_shipped_pair_greedy_is_token_identical_to_the_target(shipped_workers, r
     import asyncio
 
     import torch
+    from cycles import generate, open_session, running_loop
 
     from tandem.math.params import SamplingParams
-    from tandem.orchestrator.clients import DraftClient, VerifierClient
-    from tandem.orchestrator.cycle import Session, SpeculativeLoop
-    from tandem.orchestrator.policy import GammaPolicy
-    from tandem.orchestrator.store import SessionRecord, SessionStore
 
     target = AutoModelForCausalLM.from_pretrained(MODELS / "target").eval()
     prompts = [tokenizer(p)["input_ids"] for p in load_prompts(PROMPTS)[:3]]
 
-    async def run(prompt: list[int], index: int, gamma: int | None) -> tuple[list[int], Session]:
-        draft, verifier = DraftClient(shipped_workers["draft"]), VerifierClient(shipped_workers["target"])
-        store = SessionStore.from_url(redis_url)
-        loop = SpeculativeLoop(draft, verifier, store, (tokenizer.eos_token_id,))
-        s = Session(f"shipped-{index}", SamplingParams(temperature=0.0), list(prompt), len(prompt), 32, GammaPolicy(),
-                    fixed_gamma=gamma)
-        await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
-        out = [t async for cycle in loop.run(s) for t in cycle.tokens]
-        await asyncio.gather(draft.close(), verifier.close(), store.close())
-        return out, s
+    async def run(prompt: list[int], index: int, gamma: int | None):
+        async with running_loop([shipped_workers["draft"]], [shipped_workers["target"]], redis_url,
+                                (tokenizer.eos_token_id,)) as loop:
+            s = await open_session(loop, f"shipped-{index}", prompt, SamplingParams(temperature=0.0), 32, gamma)
+            return await generate(loop, s), s
 
     for i, prompt in enumerate(prompts):
         with torch.no_grad():

@@ -1,30 +1,116 @@
-"""The session store against a real Redis: each cycle's commit appends and updates atomically."""
+"""The session store against a real Redis: each cycle's commit appends and updates atomically,
+only for the session's writer and only once; a resume takes a session over; Redis faults are
+retried for a bounded time."""
 
 import asyncio
 
-from tandem.orchestrator.store import SessionRecord, SessionStore
+import pytest
+
+from tandem.orchestrator.redis_server import EmbeddedRedis
+from tandem.orchestrator.store import Fenced, SessionRecord, SessionStore, StoreUnavailable
+from tandem.wire.generation import CycleStats
 
 
-def test_commits_append_tokens_update_state_and_refresh_both_ttls(redis_url):
+def _cycle(i: int) -> CycleStats:
+    return CycleStats(gamma=3, accepted=i % 4, output_tokens=1 + i % 4, start_ms=10.0 * i, draft_ms=1.5, verify_ms=2.5,
+                      transport_ms=0.5, redis_ms=0.0, orchestration_ms=0.25, wire_bytes=100 + i,
+                      drafted_ahead=bool(i % 2), ahead_ms=0.75)
+
+
+def _state(**kwargs) -> dict:
+    return {"policy": {"accepted": 1.0}, "cache_lens": {"draft": 4, "target": 5},
+            "workers": {"draft": "d:1", "target": "t:2"}, "status": "running", "ttft_s": 0.25} | kwargs
+
+
+def _record(session_id: str, owner: str = "writer-a") -> SessionRecord:
+    return SessionRecord(session_id, {"seed": 7}, 3, [5, 6, 7], policy={"accepted": 0.0},
+                         workers={"draft": "d:1", "target": "t:2"}, cache_lens={"draft": 0, "target": 0}, owner=owner)
+
+
+def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redis_url):
     async def run():
         store = SessionStore.from_url(redis_url, ttl_s=120)
         try:
-            await store.create(SessionRecord("store-test", {"seed": 7}, 3, [5, 6, 7], 0, {"accepted": 0.0},
-                                             {"draft": "d:1", "target": "t:2"}, {"draft": 0, "target": 0},
-                                             "running"))
-            await store.commit("store-test", [8, 9], 1, {"accepted": 1.5}, {"draft": 4, "target": 5}, "running")
+            await store.create(_record("store-test"))
+            await store.commit("store-test", "writer-a", 1, [8, 9], _cycle(1), _state())
             await store.redis.script_flush()  # a restarted Redis forgets scripts: the next commit reloads it
             await store.redis.expire("tandem:session:store-test", 5)
-            await store.commit("store-test", [2**31 - 1], 2, {"accepted": 2.5}, {"draft": 6, "target": 6}, "length")
-            ttls = [await store.redis.ttl(k) for k in ("tandem:session:store-test", "tandem:session:store-test:tokens")]
-            return await store.load("store-test"), ttls, await store.load("no-such-session")
+            await store.commit("store-test", "writer-a", 2, [2**31 - 1], _cycle(2), _state(status="length"))
+            keys = ("tandem:session:store-test", "tandem:session:store-test:tokens", "tandem:session:store-test:cycles")
+            return await store.load("store-test"), [await store.redis.ttl(k) for k in keys], await store.load("nothing")
         finally:
             await store.close()
 
     record, ttls, missing = asyncio.run(run())
-    assert record.tokens == [5, 6, 7, 8, 9, 2**31 - 1] and record.prompt_len == 3
-    assert (record.cycle, record.policy, record.status) == (2, {"accepted": 2.5}, "length")
-    assert record.cache_lens == {"draft": 6, "target": 6} and record.params == {"seed": 7}
-    assert record.workers == {"draft": "d:1", "target": "t:2"}
+    assert record.tokens == [5, 6, 7, 8, 9, 2**31 - 1] and record.prompt_len == 3 and record.generated == [8, 9, 2**31 - 1]
+    assert (record.cycle, record.policy, record.status) == (2, {"accepted": 1.0}, "length")
+    assert record.cache_lens == {"draft": 4, "target": 5} and record.params == {"seed": 7}
+    assert record.workers == {"draft": "d:1", "target": "t:2"} and record.ttft_s == 0.25
+    assert record.per_cycle == [_cycle(1), _cycle(2)]
+    assert record.created_s > 0 and record.owner == "writer-a"
     assert all(100 < ttl <= 120 for ttl in ttls)
     assert missing is None
+
+
+def test_a_commit_is_fenced_by_owner_and_cycle_and_a_retry_is_idempotent(redis_url):
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        try:
+            await store.create(_record("fence-test"))
+            await store.commit("fence-test", "writer-a", 1, [8], _cycle(1), _state())
+            await store.commit("fence-test", "writer-a", 1, [8], _cycle(1), _state())  # a retry: no second append
+            with pytest.raises(Fenced):
+                await store.commit("fence-test", "writer-a", 3, [9], _cycle(3), _state())  # a cycle skipped
+            taken = await store.claim("fence-test", "writer-b")  # a resume elsewhere takes it over
+            with pytest.raises(Fenced):
+                await store.commit("fence-test", "writer-a", 2, [9], _cycle(2), _state())  # the stale writer stops
+            await store.commit("fence-test", "writer-b", 2, [10], _cycle(2), _state())
+            assert not await store.finish("fence-test", "writer-a", "abandoned")
+            assert await store.finish("fence-test", "writer-b", "abandoned")
+            with pytest.raises(Fenced, match="expired"):
+                await store.commit("no-such-session", "writer-a", 1, [1], _cycle(1), _state())
+            return taken, await store.load("fence-test"), await store.claim("no-such-session", "x")
+        finally:
+            await store.close()
+
+    taken, record, missing = asyncio.run(run())
+    assert taken.tokens == [5, 6, 7, 8] and taken.owner == "writer-b" and taken.cycle == 1
+    assert record.tokens == [5, 6, 7, 8, 10] and record.cycle == 2 and len(record.per_cycle) == 2
+    assert record.status == "abandoned"
+    assert missing is None
+
+
+def test_a_finished_session_is_read_not_taken_over(redis_url):
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        try:
+            await store.create(_record("finished-test"))
+            await store.commit("finished-test", "writer-a", 1, [8, 2], _cycle(1), _state(status="stop"))
+            return await store.claim("finished-test", "writer-b")
+        finally:
+            await store.close()
+
+    record = asyncio.run(run())
+    assert record.status == "stop" and record.owner == "writer-a" and record.generated == [8, 2]
+
+
+def test_redis_down_is_retried_within_the_bound_then_unavailable():
+    async def run(server: EmbeddedRedis):
+        store = SessionStore.from_url(server.url, retry_s=1.0)
+        try:
+            await store.create(_record("down-test"))
+            server.stop()
+            with pytest.raises(StoreUnavailable) as info:
+                await store.commit("down-test", "writer-a", 1, [8], _cycle(1), _state())
+            assert "127.0.0.1" not in str(info.value) and str(server.port) not in str(info.value)
+            store.retry_s = 20.0
+            restart = asyncio.get_running_loop().run_in_executor(None, server.restart)
+            await store.commit("down-test", "writer-a", 1, [8], _cycle(1), _state())  # waits for the restart
+            await restart
+            return await store.load("down-test")
+        finally:
+            await store.close()
+
+    with EmbeddedRedis(appendonly=True) as server:
+        record = asyncio.run(run(server))
+    assert record.tokens == [5, 6, 7, 8] and record.cycle == 1  # the session survived the restart

@@ -6,6 +6,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ResumeRequest(_message.Message):
+    __slots__ = ("session_id", "from_index")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    from_index: int
+    def __init__(self, session_id: _Optional[str] = ..., from_index: _Optional[int] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "prompt_token_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "gamma")
     PROMPT_FIELD_NUMBER: _ClassVar[int]

@@ -46,6 +46,11 @@ class GenerationStub:
                 request_serializer=tandem_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_generation__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.Resume = channel.unary_stream(
+                '/tandem.v1.Generation/Resume',
+                request_serializer=tandem_dot_v1_dot_generation__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_generation__pb2.GenerateChunk.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -61,7 +66,17 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GenerateStream(self, request, context):
-        """/ Generates a completion, streaming tokens as each draft-verify cycle commits them.
+        """/ Generates a completion, streaming tokens as each draft-verify cycle commits them. The
+        / first chunk carries the session id and no tokens, before any cycle runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """/ Continues a session from Redis on any orchestrator replica: first the committed tokens
+        / past from_index, then the rest of the generation, exactly once. A session that has
+        / finished replays its tail and ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -78,6 +93,11 @@ def add_GenerationServicer_to_server(servicer, server):
             'GenerateStream': grpc.unary_stream_rpc_method_handler(
                     servicer.GenerateStream,
                     request_deserializer=tandem_dot_v1_dot_generation__pb2.GenerateRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_generation__pb2.GenerateChunk.SerializeToString,
+            ),
+            'Resume': grpc.unary_stream_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=tandem_dot_v1_dot_generation__pb2.ResumeRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_generation__pb2.GenerateChunk.SerializeToString,
             ),
     }
@@ -136,6 +156,33 @@ class Generation:
             target,
             '/tandem.v1.Generation/GenerateStream',
             tandem_dot_v1_dot_generation__pb2.GenerateRequest.SerializeToString,
+            tandem_dot_v1_dot_generation__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.Generation/Resume',
+            tandem_dot_v1_dot_generation__pb2.ResumeRequest.SerializeToString,
             tandem_dot_v1_dot_generation__pb2.GenerateChunk.FromString,
             options,
             channel_credentials,

@@ -116,3 +116,17 @@ class ModelInfo(_message.Message):
     dtype: str
     num_parameters: int
     def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerLoad(_message.Message):
+    __slots__ = ("sessions", "kv_cache_bytes", "queued")
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    sessions: int
+    kv_cache_bytes: int
+    queued: int
+    def __init__(self, sessions: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...

@@ -55,6 +55,11 @@ class DraftWorkerStub:
                 request_serializer=tandem_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_worker__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/tandem.v1.DraftWorker/Load',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.WorkerLoad.FromString,
+                _registered_method=True)
 
 
 class DraftWorkerServicer:
@@ -91,6 +96,13 @@ class DraftWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Load(self, request, context):
+        """/ How loaded the worker is, for routing new sessions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +125,11 @@ def add_DraftWorkerServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=tandem_dot_v1_dot_worker__pb2.DescribeRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_worker__pb2.ModelInfo.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.LoadRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.WorkerLoad.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -234,6 +251,33 @@ class DraftWorker:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DraftWorker/Load',
+            tandem_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.WorkerLoad.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class TargetVerifierStub:
     """/ A target verifier: runs the large model, keeps one KV cache per session, checks blocks.
@@ -264,6 +308,11 @@ class TargetVerifierStub:
                 '/tandem.v1.TargetVerifier/Describe',
                 request_serializer=tandem_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_worker__pb2.ModelInfo.FromString,
+                _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/tandem.v1.TargetVerifier/Load',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.WorkerLoad.FromString,
                 _registered_method=True)
 
 
@@ -300,6 +349,13 @@ class TargetVerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Load(self, request, context):
+        """/ How loaded the worker is, for routing new sessions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetVerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -322,6 +378,11 @@ def add_TargetVerifierServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=tandem_dot_v1_dot_worker__pb2.DescribeRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_worker__pb2.ModelInfo.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.LoadRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.WorkerLoad.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -433,6 +494,33 @@ class TargetVerifier:
             '/tandem.v1.TargetVerifier/Describe',
             tandem_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
             tandem_dot_v1_dot_worker__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.TargetVerifier/Load',
+            tandem_dot_v1_dot_worker__pb2.LoadRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.WorkerLoad.FromString,
             options,
             channel_credentials,
             insecure,

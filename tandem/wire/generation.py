@@ -32,6 +32,10 @@ def generation_request_to_pb(req: GenerationRequest) -> generation_pb2.GenerateR
     return generation_pb2.GenerateRequest(**kwargs)
 
 
+def resume_request(session_id: str, from_index: int) -> generation_pb2.ResumeRequest:
+    return generation_pb2.ResumeRequest(session_id=session_id, from_index=from_index)
+
+
 def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> GenerationRequest:
     return GenerationRequest(
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,

@@ -134,6 +134,27 @@ class ModelInfo:
     num_parameters: int
 
 
+@dataclass(frozen=True)
+class WorkerLoad:
+    """How loaded a worker is: what the orchestrator routes new sessions by."""
+
+    sessions: int = 0  # sessions whose KV cache it holds
+    kv_cache_bytes: int = 0
+    queued: int = 0  # calls waiting for the model or running on it
+
+
+def load_request() -> worker_pb2.LoadRequest:
+    return worker_pb2.LoadRequest()
+
+
+def load_to_pb(load: WorkerLoad) -> worker_pb2.WorkerLoad:
+    return worker_pb2.WorkerLoad(sessions=load.sessions, kv_cache_bytes=load.kv_cache_bytes, queued=load.queued)
+
+
+def load_from_pb(msg: worker_pb2.WorkerLoad) -> WorkerLoad:
+    return WorkerLoad(msg.sessions, msg.kv_cache_bytes, msg.queued)
+
+
 def model_info_to_pb(info: ModelInfo) -> worker_pb2.ModelInfo:
     return worker_pb2.ModelInfo(
         model=info.model, vocab_size=info.vocab_size, max_context=info.max_context,
