@@ -299,40 +299,43 @@ class SpeculativeLoop:
         """call(client, cache_len, tokens) on the session's worker of `pool`, re-sending the whole
         sequence when the worker lost the session; when the call fails, the same on another worker,
         which re-prefills. None when no worker of the pool is available."""
-        kind, failover, reply = pool.kind, None, None
-        try:
-            while (worker := pool.route(s.workers[kind])) is not None:
-                if worker.address != s.workers[kind]:
-                    self._move(s, kind, worker.address)
-                cache_len = s.cache_lens[kind]
-                try:
-                    reply = await call(worker.client, cache_len, s.tokens[cache_len:])
-                    if reply.answer is None:  # the worker lost the session: re-prefill
-                        metrics.reprefills.labels(pool=kind, reason="cache_miss").inc()
-                        s.cache_lens[kind] = 0
-                        reply = _then(reply, await call(worker.client, 0, s.tokens))
-                    return reply
-                except grpc.aio.AioRpcError as e:
-                    if e.code() not in FAILOVER_CODES:
-                        raise
-                    pool.failed(worker, e.code().name)
-                    failover = failover or tracing.start_span("failover", parent, attributes={
-                        "tandem.pool": kind, "tandem.from": worker.address, "tandem.reason": e.code().name})
-            return None
-        finally:
-            if failover is not None:  # from the first failed call to the answer of another worker
-                failover.set_attribute("tandem.to", s.workers[kind] if reply is not None else "")
-                failover.end()
+        kind, reason = pool.kind, "down"  # why the session would leave its worker
+        while (worker := pool.route(s.workers[kind])) is not None:
+            failover = self._move(s, kind, worker.address, reason, parent) if worker.address != s.workers[kind] else None
+            # A call feeds at least the last committed token: a record can say a worker holds them
+            # all (after a drafted-ahead hit), and a resumed session has no block in hand.
+            cache_len = min(s.cache_lens[kind], len(s.tokens) - 1)
+            try:
+                reply = await call(worker.client, cache_len, s.tokens[cache_len:])
+                if reply.answer is None:  # the worker lost the session: re-prefill
+                    metrics.reprefills.labels(pool=kind, reason="cache_miss").inc()
+                    s.cache_lens[kind] = 0
+                    reply = _then(reply, await call(worker.client, 0, s.tokens))
+                return reply
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in FAILOVER_CODES:
+                    raise
+                pool.failed(worker, e.code().name)
+                reason = e.code().name
+            finally:
+                if failover is not None:
+                    failover.end()
+        return None
 
     @staticmethod
-    def _move(s: Session, kind: str, address: str) -> None:
-        """The session's calls go to the worker at `address` from now on, re-prefilling there."""
-        if s.workers[kind] is not None:  # a failover, not the session's first call
-            metrics.failovers.labels(pool=kind).inc()
-            metrics.reprefills.labels(pool=kind, reason="failover").inc()
-        s.workers[kind] = address
-        s.cache_lens[kind] = 0
+    def _move(s: Session, kind: str, address: str, reason: str, parent: Context) -> trace.Span | None:
+        """The session's calls go to the worker at `address` from now on, re-prefilling there.
+        When it leaves another worker (a failover), a span over its first call there."""
+        previous = s.workers[kind]
+        s.workers[kind], s.cache_lens[kind] = address, 0
         s.used.add((kind, address))
+        if previous is None:  # the session's first call
+            return None
+        metrics.failovers.labels(pool=kind).inc()
+        metrics.reprefills.labels(pool=kind, reason="failover").inc()
+        return tracing.start_span("failover", parent, attributes={
+            "tandem.pool": kind, "tandem.from": previous, "tandem.to": address, "tandem.reason": reason})
+
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:
         """Cut the cycle's tokens at the first EOS or at max_tokens, setting finish_reason."""

@@ -51,7 +51,11 @@ class _Refused(Exception):
         self.code = code
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64)
+# Serve's controller notices a dead replica only at its next health check (every 10 s by
+# default), and meanwhile counts it as running: two replicas killed within that window left
+# none for ~10 s here. Every 2 s, a replacement starts sooner; the 30 s timeout stays, so a
+# busy replica is not taken for a dead one.
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64, health_check_period_s=2.0)
 class GenerationService:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
@@ -104,6 +108,14 @@ class GenerationService:
     async def Resume(self, request, grpc_context):
         async for chunk in self._resumption(request, grpc_context):
             yield wire.chunk_to_pb(chunk)
+
+    async def Cancel(self, request, grpc_context):
+        try:
+            cancelled = await self.store.stop(request.session_id)
+        except StoreUnavailable as e:
+            _refuse(grpc_context, trace.INVALID_SPAN, e)
+            raise
+        return wire.cancel_response(cancelled)
 
     # --- a new session ---------------------------------------------------------------------
 

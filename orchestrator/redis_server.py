@@ -32,26 +32,29 @@ class EmbeddedRedis:
     next cycle's first worker call), so a restart() on the same port and directory brings
     every committed token back."""
 
-    def __init__(self, port: int = 0, data_dir: str | None = None, appendonly: bool = False) -> None:
+    def __init__(self, port: int = 0, data_dir: str | None = None, appendonly: bool = False,
+                 password: str | None = None) -> None:
         self.port = port or free_port()
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="tandem-redis-")
         self.appendonly = appendonly
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        self.url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.port}/0"
         self.process = self.restart()
 
     def restart(self) -> subprocess.Popen:
         """Start redis-server (again) on this port and directory; returns once it answers."""
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else ["--appendonly", "no"]
+        auth = ["--requirepass", self.password] if self.password else []
         self.process = subprocess.Popen(
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
-             "--save", "", *persistence, "--loglevel", "warning"],
+             "--save", "", *persistence, *auth, "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         self._wait_ready()
         return self.process
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.port)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -24,6 +24,7 @@ from dataclasses import astuple, dataclass, field
 
 import numpy as np
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -69,6 +70,15 @@ if status ~= 'stop' and status ~= 'length' then
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'running')
 end
 return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or '', redis.call('GET', KEYS[3]) or ''}
+"""
+
+# KEYS: meta. ARGV: status. Stops an unfinished session: no writer owns it any more (the one
+# at it is fenced from its next commit on), and its status says why.
+_STOP = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or status == 'stop' or status == 'length' or status == 'abandoned' then return 0 end
+redis.call('HSET', KEYS[1], 'owner', '', 'status', ARGV[1])
+return 1
 """
 
 # KEYS: meta. ARGV: owner, status. Sets how a session ended if this writer still owns it.
@@ -150,6 +160,7 @@ class SessionStore:
         self._commit = client.register_script(_COMMIT)
         self._claim = client.register_script(_CLAIM)
         self._finish = client.register_script(_FINISH)
+        self._stop = client.register_script(_STOP)
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int = 3600, retry_s: float = 10.0) -> "SessionStore":
@@ -162,12 +173,14 @@ class SessionStore:
         while True:
             try:
                 return await call()
+            except AuthenticationError:  # a deployment error, not an outage: say so at once
+                raise StoreUnavailable("the session store refused tandem's credentials (REDIS_URL)") from None
             except (RedisConnectionError, RedisTimeoutError) as e:  # also LOADING after a restart
                 if time.monotonic() + pause > deadline:
                     raise StoreUnavailable(f"the session store did not answer for {self.retry_s:.0f} s "
                                            f"({type(e).__name__})") from None
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, 0.2)  # a restarted Redis answers within a few ms
 
     async def create(self, record: SessionRecord) -> None:
         meta = _encode({"params": record.params, "prompt_len": record.prompt_len, "cycle": record.cycle,
@@ -209,6 +222,10 @@ class SessionStore:
     async def finish(self, session_id: str, owner: str, status: str) -> bool:
         """Record how a session ended (abandoned, unavailable), if `owner` still writes it."""
         return bool(await self._retrying(lambda: self._finish(keys=_keys(session_id)[:1], args=[owner, status])))
+
+    async def stop(self, session_id: str, status: str = "abandoned") -> bool:
+        """Stop an unfinished session, whoever writes it; False if it is finished or stopped."""
+        return bool(await self._retrying(lambda: self._stop(keys=_keys(session_id)[:1], args=[status])))
 
     async def load(self, session_id: str) -> SessionRecord | None:
         meta_key, tokens_key, cycles_key = _keys(session_id)

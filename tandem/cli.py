@@ -319,7 +319,7 @@ def parser() -> argparse.ArgumentParser:
                     help="target verifiers to run (restarted if they die)")
     up.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
     up.add_argument("--metrics-port", type=int, default=9100,
-                    help="Prometheus: the orchestrator here, the draft and target workers on the next two ports (0: off)")
+                    help="Prometheus: the orchestrator here, the workers on the ports after it, drafts first (0: off)")
     up.set_defaults(func=cmd_up, extra="server")
 
     gen = sub.add_parser("generate", help="stream a generation from a running cluster")

@@ -13,7 +13,9 @@ bounded number of times with backoff, and the caller sees every token once, in o
 """
 
 import asyncio
+import contextlib
 import functools
+import logging
 import math
 import random
 import time
@@ -27,8 +29,13 @@ from tandem.v1 import generation_pb2_grpc
 from tandem.wire import generation as wire
 
 DEFAULT_ADDRESS = "127.0.0.1:9000"
+log = logging.getLogger("tandem.client")
+
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_RESUME_ATTEMPTS = 8  # resumes in a row without a chunk: about 20 s of backoff
+# Ray Serve does not always pass a client's cancellation on to the replica (a third of them
+# here), so a stream left early also asks the cluster to stop its session.
+CANCEL_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -148,9 +155,9 @@ class _Follow:
         c = wire.chunk_from_pb(msg)
         self.session_id = c.session_id or self.session_id
         self.received += len(c.token_ids)
-        self.failures = 0
         if not c.token_ids and not c.finish_reason:
             return None
+        self.failures = 0  # progress: the next break starts a fresh count
         stats = GenerationStats.from_stats(c.stats, self.received) if c.stats else None
         return StreamChunk(c.session_id, c.token_ids, c.text, c.finish_reason, stats)
 
@@ -162,6 +169,8 @@ class _Follow:
         if (error.code not in self.RESUMABLE or self.failures > self.attempts
                 or time.monotonic() + pause >= self.deadline):
             raise error from None
+        log.debug("stream of session %s broke (%s: %s); resuming from token %d in %.2f s", self.session_id,
+                  error.code.name, error.details, self.received, pause)
         return pause
 
 
@@ -237,16 +246,33 @@ class Client(_Base):
         received), then the rest of the generation. A finished session replays its tail."""
         return self._stream(self._follow(None, _checked_session(session_id), _checked_index(from_index), timeout_s))
 
+    def cancel(self, session_id: str, *, timeout_s: float = CANCEL_TIMEOUT_S) -> bool:
+        """Stop a session (it stays resumable); False if it had finished or stopped already."""
+        request = wire.cancel_request(_checked_session(session_id))
+        try:
+            return self.stub.Cancel(request, metadata=self.metadata, timeout=timeout_s).cancelled
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
     def _stream(self, follow: _Follow) -> Iterator[StreamChunk]:
         while True:
             method, request, timeout = follow.call(self.stub)
+            call = method(request, metadata=self.metadata, timeout=timeout)
             try:
-                for msg in method(request, metadata=self.metadata, timeout=timeout):
+                for msg in call:
                     if (chunk := follow.chunk(msg)) is not None:
                         yield chunk
                 return
             except grpc.RpcError as e:
                 time.sleep(follow.pause_before_retry(e))
+            except GeneratorExit:  # the caller stopped reading (break, close): stop the session
+                call.cancel()
+                if follow.session_id is not None:
+                    with contextlib.suppress(Exception):  # best effort: the channel may be closed already
+                        self.cancel(follow.session_id)
+                raise
+            finally:
+                call.cancel()
 
     def close(self) -> None:
         self.channel.close()
@@ -285,16 +311,32 @@ class AsyncClient(_Base):
                timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
         return self._stream(self._follow(None, _checked_session(session_id), _checked_index(from_index), timeout_s))
 
+    async def cancel(self, session_id: str, *, timeout_s: float = CANCEL_TIMEOUT_S) -> bool:
+        request = wire.cancel_request(_checked_session(session_id))
+        try:
+            return (await self.stub.Cancel(request, metadata=self.metadata, timeout=timeout_s)).cancelled
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
     async def _stream(self, follow: _Follow) -> AsyncIterator[StreamChunk]:
         while True:
             method, request, timeout = follow.call(self.stub)
+            call = method(request, metadata=self.metadata, timeout=timeout)
             try:
-                async for msg in method(request, metadata=self.metadata, timeout=timeout):
+                async for msg in call:
                     if (chunk := follow.chunk(msg)) is not None:
                         yield chunk
                 return
             except grpc.RpcError as e:
                 await asyncio.sleep(follow.pause_before_retry(e))
+            except GeneratorExit:  # the caller stopped reading (break, aclose): stop the session
+                call.cancel()
+                if follow.session_id is not None:
+                    with contextlib.suppress(Exception):  # best effort: the channel may be closed already
+                        await self.cancel(follow.session_id)
+                raise
+            finally:
+                call.cancel()
 
     async def close(self) -> None:
         await self.channel.close()

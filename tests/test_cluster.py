@@ -232,3 +232,57 @@ def test_async_client(cluster, pair, target_model):
 
     unary, streamed = asyncio.run(run())
     assert unary.token_ids == streamed == hf_greedy(target_model, prompt, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_stream_left_early_is_abandoned_frees_its_caches_and_resumes(cluster, pair, workers, redis_url,
+                                                                      target_model, asynchronous):
+    """Leaving stream() early (close, aclose, break) stops the session: the server stops
+    generating, frees its caches, records it as abandoned, and it can be resumed later."""
+    prompt, expected = max(((p, hf_greedy(target_model, p, 200)) for p in pair["prompts"]), key=lambda r: len(r[1]))
+    kwargs = dict(prompt_token_ids=prompt, max_tokens=200, temperature=0)
+    held_before = asyncio.run(_sessions_held(workers))
+    if asynchronous:
+        async def first():
+            async with tandem.AsyncClient(cluster["address"], timeout_s=120) as c:
+                stream = c.stream(**kwargs)
+                chunk = await anext(stream)
+                await stream.aclose()
+                return chunk
+        chunk = asyncio.run(first())
+    else:
+        with tandem.Client(cluster["address"], timeout_s=120) as c:
+            for chunk in c.stream(**kwargs):
+                break
+
+    async def ended():
+        store = SessionStore.from_url(redis_url)
+        try:
+            for _ in range(300):  # bounded: 30 s
+                record = await store.load(chunk.session_id)
+                if record.status != "running" and await _sessions_held(workers) == held_before:
+                    break
+                await asyncio.sleep(0.1)
+            return record, await _sessions_held(workers)
+        finally:
+            await store.close()
+
+    record, held = asyncio.run(ended())
+    assert record.status == "abandoned" and len(record.generated) < len(expected)
+    assert held == held_before  # both caches freed
+    with tandem.Client(cluster["address"], timeout_s=120) as c:
+        rest = [t for piece in c.resume(chunk.session_id, len(chunk.token_ids)) for t in piece.token_ids]
+        assert c.cancel(chunk.session_id) is False  # finished now: nothing to stop
+    assert chunk.token_ids + rest == expected
+
+
+async def _sessions_held(workers) -> dict:
+    """Sessions each worker holds a cache for, as it reports its load."""
+    from tandem.orchestrator.clients import DraftClient, VerifierClient
+
+    clients = {"draft": DraftClient(workers["draft"]), "target": VerifierClient(workers["target"])}
+    try:
+        return {kind: (await c.load()).sessions for kind, c in clients.items()}
+    finally:
+        for c in clients.values():
+            await c.close()

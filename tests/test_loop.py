@@ -92,3 +92,22 @@ def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url
     assert not any(c.ahead_ms or c.drafted_ahead for c in b.stats.per_cycle)
     assert any(c.ahead_ms for c in a.stats.per_cycle[1:])  # alone again once b is done
     assert b_tokens == a.tokens[a.prompt_len:]  # same prompt, greedy: same tokens
+
+
+def test_a_session_whose_record_says_the_workers_hold_everything_still_runs(workers, redis_url, pair, target_model):
+    """After a drafted-ahead hit the record says the draft worker holds every committed token;
+    a session resumed from it has no block in hand, so its first call must still feed a token."""
+    prompt = pair["prompts"][6]
+    with torch.no_grad():
+        expected = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8)[0, len(prompt):]
+
+    async def run():
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            s = await open_session(loop, "holds-everything", prompt, SamplingParams(temperature=0.0), 8, 3)
+            s.workers = {"draft": workers["draft"], "target": workers["target"]}  # as its record has them
+            s.cache_lens = {"draft": len(prompt), "target": len(prompt)}
+            out = await generate(loop, s)
+            await release(loop, s)
+            return out
+
+    assert asyncio.run(run()) == expected.tolist()

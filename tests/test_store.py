@@ -114,3 +114,26 @@ def test_redis_down_is_retried_within_the_bound_then_unavailable():
     with EmbeddedRedis(appendonly=True) as server:
         record = asyncio.run(run(server))
     assert record.tokens == [5, 6, 7, 8] and record.cycle == 1  # the session survived the restart
+
+
+def test_a_redis_with_a_password_works_the_same_and_a_wrong_one_is_a_clear_error():
+    async def run(url: str, wrong: str):
+        store = SessionStore.from_url(url)
+        try:
+            await store.create(_record("auth-test"))
+            await store.commit("auth-test", "writer-a", 1, [8], _cycle(1), _state())
+            loaded = await store.load("auth-test")
+        finally:
+            await store.close()
+        refused = SessionStore.from_url(wrong, retry_s=3600.0)  # were it retried, the test would time out
+        try:
+            with pytest.raises(StoreUnavailable, match="credentials") as info:
+                await refused.load("auth-test")
+            return loaded, str(info.value)
+        finally:
+            await refused.close()
+
+    with EmbeddedRedis(password="s3cret") as server:
+        record, message = asyncio.run(run(server.url, server.url.replace("s3cret", "wrong")))
+    assert record.tokens == [5, 6, 7, 8]
+    assert "s3cret" not in message and "wrong" not in message

@@ -51,6 +51,11 @@ class GenerationStub:
                 request_serializer=tandem_dot_v1_dot_generation__pb2.ResumeRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_generation__pb2.GenerateChunk.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/tandem.v1.Generation/Cancel',
+                request_serializer=tandem_dot_v1_dot_generation__pb2.CancelRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_generation__pb2.CancelResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -82,6 +87,15 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cancel(self, request, context):
+        """/ Stops a session: whichever replica writes it stops at its next commit and frees its
+        / caches, and its record says abandoned. It can still be resumed. The SDK calls it when a
+        / caller stops reading a stream early.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -99,6 +113,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Resume,
                     request_deserializer=tandem_dot_v1_dot_generation__pb2.ResumeRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_generation__pb2.GenerateChunk.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=tandem_dot_v1_dot_generation__pb2.CancelRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_generation__pb2.CancelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -184,6 +203,33 @@ class Generation:
             '/tandem.v1.Generation/Resume',
             tandem_dot_v1_dot_generation__pb2.ResumeRequest.SerializeToString,
             tandem_dot_v1_dot_generation__pb2.GenerateChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Generation/Cancel',
+            tandem_dot_v1_dot_generation__pb2.CancelRequest.SerializeToString,
+            tandem_dot_v1_dot_generation__pb2.CancelResponse.FromString,
             options,
             channel_credentials,
             insecure,

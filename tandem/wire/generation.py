@@ -36,6 +36,14 @@ def resume_request(session_id: str, from_index: int) -> generation_pb2.ResumeReq
     return generation_pb2.ResumeRequest(session_id=session_id, from_index=from_index)
 
 
+def cancel_request(session_id: str) -> generation_pb2.CancelRequest:
+    return generation_pb2.CancelRequest(session_id=session_id)
+
+
+def cancel_response(cancelled: bool) -> generation_pb2.CancelResponse:
+    return generation_pb2.CancelResponse(cancelled=cancelled)
+
+
 def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> GenerationRequest:
     return GenerationRequest(
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,
