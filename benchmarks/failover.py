@@ -36,7 +36,7 @@ from tandem.local import LocalCluster, spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import VerifierClient
 from tandem.orchestrator.redis_server import free_port
-from tandem.orchestrator.store import SessionStore
+from tandem.orchestrator.store import read_session
 from tandem.wire.worker import Proposal
 
 matplotlib.use("Agg")
@@ -49,19 +49,11 @@ LENGTHS = (64, 128, 256, 512, 1000)
 HEALTH_CHECK_PERIOD_S = 2.0  # the orchestrator deployment's
 
 
-async def _session_record(cluster: LocalCluster, session_id: str):
-    store = SessionStore.from_url(cluster.redis_url)
-    try:
-        return await store.load(session_id)
-    finally:
-        await store.close()
-
-
 def _victim(cluster: LocalCluster, kill: str, session_id: str) -> int:
     """The pid to SIGKILL: the process of that kind serving the session."""
     if kill == "redis":
         return cluster.supervisor.proc("redis").pid
-    record = asyncio.run(_session_record(cluster, session_id))
+    record = asyncio.run(read_session(cluster.redis_url, session_id))
     if kill == "orchestrator replica":
         return int(record.owner.split(":")[1])  # host:pid:id
     address = record.workers["draft" if kill == "draft worker" else "target"]

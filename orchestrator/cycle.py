@@ -55,7 +55,10 @@ class NoWorker(Exception):
 
     def __init__(self, kind: str, waited_s: float) -> None:
         super().__init__(f"no {kind} worker available after {waited_s:.0f} s")
-        self.kind = kind
+        self.kind, self.waited_s = kind, waited_s
+
+    def __reduce__(self):  # picklable, so it crosses Ray's process boundary intact
+        return NoWorker, (self.kind, self.waited_s)
 
 
 @dataclass
@@ -239,7 +242,7 @@ class SpeculativeLoop:
             return None
         return asyncio.ensure_future(worker.client.propose(
             s.session_id, len(s.tokens) + gamma - 1, proposal.draft_tokens[-1:], next_gamma + 1, s.params, parent,
-            ahead=True))
+            ahead=True, writer=s.owner))
 
     async def _settle(self, s: Session, ahead: asyncio.Future, all_accepted: bool,
                       ) -> tuple[Reply | None, Reply | None]:
@@ -276,7 +279,7 @@ class SpeculativeLoop:
         """Draft γ tokens; None when no draft worker is available (the cycle runs at γ = 0)."""
 
         def call(client, cache_len: int, tokens: list[int]):
-            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent)
+            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, writer=s.owner)
 
         reply = await self._on_worker(s, self.drafts, call, parent)
         if reply is None:
@@ -287,7 +290,7 @@ class SpeculativeLoop:
         """Verify the block, waiting up to verifier_wait_s for a verifier when none is available."""
 
         def call(client, cache_len: int, tokens: list[int]):
-            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent)
+            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, writer=s.owner)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:

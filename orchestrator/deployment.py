@@ -50,6 +50,9 @@ class _Refused(Exception):
         super().__init__(details)
         self.code = code
 
+    def __reduce__(self):  # picklable, so it crosses Ray's process boundary intact
+        return _Refused, (self.code, str(self))
+
 
 # Serve's controller notices a dead replica only at its next health check (every 10 s by
 # default), and meanwhile counts it as running: two replicas killed within that window left
@@ -209,6 +212,7 @@ class GenerationService:
             else self._policy_template.with_fresh_acceptance(), fixed_gamma=p["gamma"], owner=owner,
             cycle=record.cycle, workers={"draft": None, "target": None} | record.workers,
             cache_lens={"draft": 0, "target": 0} | record.cache_lens, finish_reason=record.status if finished else "",
+            used={(kind, address) for kind, address in record.workers.items() if address},  # freed at the end
             started=time.perf_counter() - max(0.0, time.time() - record.created_s),
         )
         session.stats = wire.Stats(time.time() - record.created_s, record.ttft_s, list(record.per_cycle))
@@ -242,15 +246,21 @@ class GenerationService:
 
     async def _end(self, session: Session, ended: str, parent) -> None:
         """Record how an unfinished session ended (it stays resumable) and free its caches now
-        rather than waiting for LRU eviction: they are soft state."""
+        rather than waiting for LRU eviction: they are soft state. A session another stream took
+        over keeps both; this writer only closes its streams."""
+        pools = {"draft": self.drafts, "target": self.targets}
+        clients = [pools[kind].workers[address].client for kind, address in session.used
+                   if address in pools[kind].workers]
+        if ended == "taken over":
+            await asyncio.gather(*(c.end_stream((session.session_id, session.owner)) for c in clients),
+                                 return_exceptions=True)
+            return
         if ended in ("abandoned", "unavailable"):  # resumable; the record says why it stopped
             try:
                 await self.store.finish(session.session_id, session.owner, ended)
             except StoreUnavailable:
                 pass
-        pools = {"draft": self.drafts, "target": self.targets}
-        calls = [pools[kind].workers[address].client.release(session.session_id, parent)
-                 for kind, address in session.used if address in pools[kind].workers]
+        calls = [c.release(session.session_id, parent, session.owner) for c in clients]
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, Exception):
                 log.warning("release of %s failed: %s", session.session_id, r)
@@ -266,8 +276,8 @@ def _ending(e: BaseException) -> str:
     """How an unfinished session ended, as its record will say."""
     if isinstance(e, (asyncio.CancelledError, GeneratorExit)):
         return "abandoned"  # the client went away
-    if isinstance(e, Fenced):
-        return "taken over"  # another stream writes it now: its record is not ours to touch
+    if isinstance(e, Fenced):  # taken over: another stream writes it now, its record and caches are not ours
+        return e.reason
     if isinstance(e, StoreUnavailable):
         return "store unavailable"  # nothing can be recorded
     return "unavailable"

@@ -44,10 +44,12 @@ def _keys(session_id: str) -> list[str]:
 
 # KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, then
 # field/value pairs. Returns 1 (committed), 2 (this cycle was already committed by this owner:
-# a retry), 0 (another writer owns the session, or it is at another cycle), -1 (no session).
+# a retry), 0 (another writer owns the session, or it is at another cycle), -1 (no session),
+# -2 (stopped: no writer owns it).
 _COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local state = redis.call('HMGET', KEYS[1], 'owner', 'cycle')
+if state[1] == '' then return -2 end
 if state[1] ~= ARGV[1] then return 0 end
 local at = tonumber(state[2])
 local cycle = tonumber(ARGV[2])
@@ -94,7 +96,15 @@ class StoreUnavailable(Exception):
 
 
 class Fenced(Exception):
-    """Another writer owns the session now (or it expired): this one must stop."""
+    """This writer may not commit any more and must stop: `reason` is "taken over" (another
+    writer owns the session now), "stopped" (Cancel) or "expired"."""
+
+    def __init__(self, session_id: str, reason: str) -> None:
+        super().__init__(f"session {session_id} " + {"taken over": "is written by another stream"}.get(reason, reason))
+        self.session_id, self.reason = session_id, reason
+
+    def __reduce__(self):  # picklable, so it crosses Ray's process boundary intact
+        return Fenced, (self.session_id, self.reason)
 
 
 def _pack_tokens(tokens: list[int]) -> bytes:
@@ -209,7 +219,7 @@ class SessionStore:
             keys=_keys(session_id),
             args=[owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *pairs]))
         if result <= 0:
-            raise Fenced(f"session {session_id} " + ("expired" if result < 0 else "is written by another stream"))
+            raise Fenced(session_id, {0: "taken over", -1: "expired", -2: "stopped"}[result])
 
     async def claim(self, session_id: str, owner: str) -> SessionRecord | None:
         """Take an unfinished session over for `owner` and return it (None: no such session)."""
@@ -244,3 +254,12 @@ class SessionStore:
 
     async def close(self) -> None:
         await self.redis.aclose()
+
+
+async def read_session(redis_url: str, session_id: str) -> SessionRecord | None:
+    """One session's record, over a connection of its own (for tools, benchmarks and tests)."""
+    store = SessionStore.from_url(redis_url)
+    try:
+        return await store.load(session_id)
+    finally:
+        await store.close()

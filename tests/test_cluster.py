@@ -2,6 +2,7 @@
 and a real Redis. Exactness against Hugging Face with the target alone."""
 
 import asyncio
+import time
 from collections import Counter
 
 import numpy as np
@@ -274,15 +275,22 @@ def test_a_stream_left_early_is_abandoned_frees_its_caches_and_resumes(cluster, 
         rest = [t for piece in c.resume(chunk.session_id, len(chunk.token_ids)) for t in piece.token_ids]
         assert c.cancel(chunk.session_id) is False  # finished now: nothing to stop
     assert chunk.token_ids + rest == expected
+    assert asyncio.run(_sessions_held(workers, until=held_before)) == held_before  # the resumed one freed them too
 
 
-async def _sessions_held(workers) -> dict:
-    """Sessions each worker holds a cache for, as it reports its load."""
+async def _sessions_held(workers, until: dict | None = None, timeout_s: float = 10.0) -> dict:
+    """Sessions each worker holds a cache for, as it reports its load (polled until it is
+    `until`, for at most timeout_s: the orchestrator frees caches after the last chunk)."""
     from tandem.orchestrator.clients import DraftClient, VerifierClient
 
     clients = {"draft": DraftClient(workers["draft"]), "target": VerifierClient(workers["target"])}
+    deadline = time.monotonic() + timeout_s
     try:
-        return {kind: (await c.load()).sessions for kind, c in clients.items()}
+        while True:
+            held = {kind: (await c.load()).sessions for kind, c in clients.items()}
+            if until is None or held == until or time.monotonic() > deadline:
+                return held
+            await asyncio.sleep(0.1)
     finally:
         for c in clients.values():
             await c.close()

@@ -11,15 +11,16 @@ import signal
 import time
 
 import pytest
-from cycles import generate, open_session, release, running_loop
-from test_cluster import hf_greedy
-from test_tracing import attributes
 
 import tandem
 from tandem.local import LocalCluster
 from tandem.math.params import SamplingParams
 from tandem.orchestrator import metrics
-from tandem.orchestrator.store import SessionStore
+from tandem.orchestrator.store import SessionStore, read_session
+
+from cycles import generate, open_session, release, running_loop
+from test_cluster import hf_greedy
+from test_tracing import attributes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.chaos]
 MAX_TOKENS = 96
@@ -97,12 +98,8 @@ def _spans(otlp, name: str, timeout_s: float = 15.0, **attrs) -> list:
         time.sleep(0.2)
 
 
-async def _record(local: LocalCluster, session_id: str):
-    store = SessionStore.from_url(local.redis_url)
-    try:
-        return await store.load(session_id)
-    finally:
-        await store.close()
+def _record(local: LocalCluster, session_id: str):
+    return read_session(local.redis_url, session_id)
 
 
 def test_sessions_spread_over_the_verifiers_and_stick_to_their_workers(chaos, pair, expected):
@@ -179,7 +176,7 @@ def test_killed_orchestrator_replica_the_stream_resumes_exactly(chaos, pair, exp
     i = list(expected)[0]
 
     async def kill_the_writer():
-        owner = (await _record(chaos, await _active_session(chaos))).owner
+        owner = (await _record(chaos, await _unfinished_session(chaos))).owner
         os.kill(int(owner.split(":")[1]), signal.SIGKILL)  # host:pid:id of the replica writing it
 
     (out, stats, session_id), = asyncio.run(_streams(chaos, [pair["prompts"][i]], kill_the_writer))
@@ -201,15 +198,15 @@ def test_killed_orchestrator_replica_the_stream_resumes_exactly(chaos, pair, exp
         asyncio.run(_resume_all(chaos, "no-such-session", 0))
 
 
-async def _active_session(local: LocalCluster) -> str:
-    """The id of the one session being written right now in the chaos cluster's Redis."""
+async def _unfinished_session(local: LocalCluster, statuses=(b"running",)) -> str:
+    """The id of the one session in the chaos cluster's Redis whose status is one of these."""
     store = SessionStore.from_url(local.redis_url)
     try:
         for key in await store.redis.keys("tandem:session:*"):
             key = key.decode()
-            if key.count(":") == 2 and (await store.redis.hget(key, "status")) == b"running":
+            if key.count(":") == 2 and (await store.redis.hget(key, "status")) in statuses:
                 return key.split(":")[2]
-        raise AssertionError("no running session")
+        raise AssertionError(f"no session with a status in {statuses}")
     finally:
         await store.close()
 
@@ -263,19 +260,6 @@ def test_redis_gone_is_unavailable_and_the_session_resumes_once_it_is_back(chaos
         assert "127.0.0.1" not in failed.details
     finally:
         chaos.supervisor.add("redis", chaos.redis.restart)
-    session_id = asyncio.run(_active_session_any(chaos))
+    session_id = asyncio.run(_unfinished_session(chaos, (b"running", b"unavailable")))
     done = len(asyncio.run(_record(chaos, session_id)).generated)
     assert asyncio.run(_resume_all(chaos, session_id, done)) == expected[i][done:]
-
-
-async def _active_session_any(local: LocalCluster) -> str:
-    """The session left unfinished when Redis went away (its record says unavailable or running)."""
-    store = SessionStore.from_url(local.redis_url)
-    try:
-        for key in await store.redis.keys("tandem:session:*"):
-            key = key.decode()
-            if key.count(":") == 2 and (await store.redis.hget(key, "status")) in (b"running", b"unavailable"):
-                return key.split(":")[2]
-        raise AssertionError("no unfinished session")
-    finally:
-        await store.close()

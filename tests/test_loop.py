@@ -2,10 +2,12 @@
 
 import asyncio
 
+import pytest
 import torch
-from cycles import generate, open_session, release, running_loop
 
 from tandem.math.params import SamplingParams
+
+from cycles import generate, open_session, release, running_loop
 
 
 def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, redis_url, pair, target_model):
@@ -111,3 +113,54 @@ def test_a_session_whose_record_says_the_workers_hold_everything_still_runs(work
             return out
 
     assert asyncio.run(run()) == expected.tolist()
+
+
+def test_no_verifier_left_waits_the_bound_then_the_session_stays_resumable(workers, redis_url, pair):
+    """With no verifier up, a cycle waits verifier_wait_s for one, then raises NoWorker; the
+    session's record in Redis is untouched, so it resumes once a verifier is back."""
+    from tandem.orchestrator.cycle import NoWorker
+
+    async def run():
+        async with running_loop([workers["draft"]], [], redis_url, (pair["eos"],), verifier_wait_s=0.5) as loop:
+            s = await open_session(loop, "no-verifier", pair["prompts"][0], SamplingParams(temperature=0.0), 8, 2)
+            with pytest.raises(NoWorker, match="no target worker"):
+                await generate(loop, s)
+            record = await loop.store.load(s.session_id)
+            await release(loop, s)
+            return record
+
+    record = asyncio.run(run())
+    assert record.status == "running" and record.generated == [] and record.cycle == 0
+
+
+def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(workers, redis_url, pair, target_model):
+    """A resume can take a session over on the very replica still writing it. The two writers
+    must not share a worker stream: the first one's cleanup would close the second's. The
+    first is fenced at its next commit; the second writes the session to its end."""
+    from tandem.orchestrator.cycle import Session
+    from tandem.orchestrator.policy import GammaPolicy
+    from tandem.orchestrator.store import Fenced
+
+    prompt = pair["prompts"][0]
+    with torch.no_grad():
+        expected = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40)[0, len(prompt):]
+
+    async def run():
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            first = await open_session(loop, "two-writers", prompt, SamplingParams(temperature=0.0), 40, 2)
+            cycles = loop.run(first)
+            head = (await anext(cycles)).tokens  # the first writer is mid-generation, its streams open
+            record = await loop.store.claim("two-writers", "second-writer")
+            second = Session("two-writers", first.params, record.tokens, record.prompt_len, 40, GammaPolicy(),
+                             fixed_gamma=2, owner="second-writer", cycle=record.cycle, workers=dict(record.workers),
+                             cache_lens=dict(record.cache_lens), used=set(first.used))
+            rest = asyncio.create_task(generate(loop, second))
+            await release(loop, first)  # the first writer's cleanup, while the second writes
+            rest = await rest
+            with pytest.raises(Fenced) as fenced:
+                await anext(cycles)
+            await release(loop, second)
+            return head, rest, fenced.value.reason
+
+    head, rest, reason = asyncio.run(run())
+    assert head + rest == expected.tolist() and reason == "taken over"

@@ -58,6 +58,12 @@ def test_orchestrator_counters_follow_a_known_generation(cluster, pair):
     assert delta("tandem:spec_decode_gamma_sum") == sum(s.gammas)
     assert delta("tandem:cycle_part_seconds_count", part="verify") == s.cycles
     assert delta("tandem:time_to_first_token_seconds_count") == 1
+    # The pools: both workers healthy, and nothing failed over or re-prefilled in a quiet cluster.
+    workers = cluster["config"]
+    assert value(after, "tandem:worker_healthy", pool="draft", address=workers.draft_addresses[0]) == 1
+    assert value(after, "tandem:worker_healthy", pool="target", address=workers.target_addresses[0]) == 1
+    assert delta("tandem:failovers_total", pool="target") == delta("tandem:reprefills_total", pool="target",
+                                                                    reason="cache_miss") == 0
     assert delta("tandem:inter_token_latency_seconds_count") == len(result.token_ids) - 1
     assert delta("tandem:e2e_request_latency_seconds_count") == 1
     # The waits add up: first token plus the later ones is the request's whole latency.

@@ -80,9 +80,10 @@ def test_shipped_pair_greedy_is_token_identical_to_the_target(shipped_workers, r
     import asyncio
 
     import torch
-    from cycles import generate, open_session, running_loop
 
     from tandem.math.params import SamplingParams
+
+    from cycles import generate, open_session, running_loop
 
     target = AutoModelForCausalLM.from_pretrained(MODELS / "target").eval()
     prompts = [tokenizer(p)["input_ids"] for p in load_prompts(PROMPTS)[:3]]

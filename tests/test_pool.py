@@ -95,3 +95,55 @@ def _greedy():
     from tandem.math.params import SamplingParams
 
     return SamplingParams(temperature=0.0)
+
+
+def test_workers_come_and_go_as_the_name_resolves_again(monkeypatch):
+    """A headless Service: each resolution may name other pods. New ones join; gone ones
+    leave; a failed resolution keeps what the name resolved to before."""
+    answers = iter([{"10.0.0.1:1"}, {"10.0.0.1:1", "10.0.0.2:1"}, OSError("no DNS"), {"10.0.0.2:1"}])
+
+    async def fake_resolve(address):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(pool_module, "resolve", fake_resolve)
+
+    async def run():
+        pool = WorkerPool("target", ["verifiers.tandem.svc:1"], VerifierClient)
+        seen = []
+        for _ in range(4):
+            await pool._resolve()
+            seen.append(set(pool.workers))
+        await pool.close()
+        return seen
+
+    assert asyncio.run(run()) == [{"10.0.0.1:1"}, {"10.0.0.1:1", "10.0.0.2:1"}, {"10.0.0.1:1", "10.0.0.2:1"},
+                                  {"10.0.0.2:1"}]
+
+
+def test_a_writer_cancelled_mid_call_leaves_another_writers_call_alone(workers):
+    """Two writers of one session on one client (a resume taking it over on the same replica):
+    the first writer's call is cancelled half-way, which drops its stream; the second writer's
+    call, made meanwhile, must not be on that stream."""
+    from tandem.math.params import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+
+    async def run():
+        client = DraftClient(workers["draft"])
+        try:
+            first = asyncio.ensure_future(client.propose("two-writers", 0, list(range(5, 200)), 16, greedy, writer="a"))
+            await asyncio.sleep(0)  # the first call holds its stream
+            second = asyncio.ensure_future(client.propose("two-writers", 0, [5, 6, 7], 2, greedy, writer="b"))
+            await asyncio.sleep(0.002)
+            first.cancel()
+            reply = await second
+            await client.release("two-writers", writer="b")
+            return reply
+        finally:
+            await client.close()
+
+    reply = asyncio.run(run())
+    assert reply.answer is not None and len(reply.answer.draft_tokens) == 2

@@ -4,6 +4,7 @@ retried for a bounded time."""
 
 import asyncio
 
+import grpc
 import pytest
 
 from tandem.orchestrator.redis_server import EmbeddedRedis
@@ -62,8 +63,9 @@ def test_a_commit_is_fenced_by_owner_and_cycle_and_a_retry_is_idempotent(redis_u
             with pytest.raises(Fenced):
                 await store.commit("fence-test", "writer-a", 3, [9], _cycle(3), _state())  # a cycle skipped
             taken = await store.claim("fence-test", "writer-b")  # a resume elsewhere takes it over
-            with pytest.raises(Fenced):
+            with pytest.raises(Fenced) as info:
                 await store.commit("fence-test", "writer-a", 2, [9], _cycle(2), _state())  # the stale writer stops
+            assert info.value.reason == "taken over"
             await store.commit("fence-test", "writer-b", 2, [10], _cycle(2), _state())
             assert not await store.finish("fence-test", "writer-a", "abandoned")
             assert await store.finish("fence-test", "writer-b", "abandoned")
@@ -92,6 +94,25 @@ def test_a_finished_session_is_read_not_taken_over(redis_url):
 
     record = asyncio.run(run())
     assert record.status == "stop" and record.owner == "writer-a" and record.generated == [8, 2]
+
+
+def test_a_stopped_session_fences_its_writer_and_can_be_resumed(redis_url):
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        try:
+            await store.create(_record("stop-test"))
+            assert await store.stop("stop-test") and not await store.stop("stop-test")  # once
+            with pytest.raises(Fenced) as info:
+                await store.commit("stop-test", "writer-a", 1, [8], _cycle(1), _state())
+            resumed = await store.claim("stop-test", "writer-b")
+            await store.commit("stop-test", "writer-b", 1, [8], _cycle(1), _state(status="length"))
+            return info.value.reason, resumed, await store.load("stop-test"), await store.stop("stop-test")
+        finally:
+            await store.close()
+
+    reason, resumed, record, stopped_finished = asyncio.run(run())
+    assert reason == "stopped" and resumed.status == "running" and resumed.owner == "writer-b"
+    assert record.generated == [8] and record.status == "length" and not stopped_finished
 
 
 def test_redis_down_is_retried_within_the_bound_then_unavailable():
@@ -137,3 +158,18 @@ def test_a_redis_with_a_password_works_the_same_and_a_wrong_one_is_a_clear_error
         record, message = asyncio.run(run(server.url, server.url.replace("s3cret", "wrong")))
     assert record.tokens == [5, 6, 7, 8]
     assert "s3cret" not in message and "wrong" not in message
+
+
+def test_what_the_orchestrator_raises_crosses_ray_intact():
+    """Ray pickles an exception a replica raises to hand it to its proxy; one that does not
+    unpickle turns the status the client should get into INTERNAL."""
+    import pickle
+
+    from tandem.orchestrator.cycle import NoWorker
+    from tandem.orchestrator.deployment import _Refused
+    from tandem.wire.validation import invalid
+
+    for error in (Fenced("s1", "taken over"), NoWorker("target", 30.0), StoreUnavailable("down"),
+                  _Refused(grpc.StatusCode.UNAVAILABLE, "no verifier"), invalid("gamma", "bad")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error) and vars(copy) == vars(error)
