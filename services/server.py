@@ -3,6 +3,7 @@ grpc.aio server with standard health checking."""
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -147,13 +148,23 @@ async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int
     return server, bound
 
 
+async def _stop_when_orphaned(launcher: int, stop: asyncio.Event) -> None:
+    """Set `stop` once the process that started this worker (tandem up, a test) is gone, even
+    if it was SIGKILLed: an orphaned worker would hold its model and caches for good."""
+    while os.getppid() == launcher:
+        await asyncio.sleep(1.0)
+    log.warning("the process that started this worker (pid %d) is gone: stopping", launcher)
+    stop.set()
+
+
 def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
-    metrics_port: int = 0,
+    metrics_port: int = 0, parent_pid: int = 0,
 ) -> None:
     """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM, with
-    Prometheus metrics on metrics_port (0: none)."""
+    Prometheus metrics on metrics_port (0: none); with parent_pid, also until the process of
+    that pid is no longer this one's parent."""
     import torch
 
     from tandem.services import draft_worker, target_verifier
@@ -176,7 +187,10 @@ def run_worker(
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        watch = asyncio.create_task(_stop_when_orphaned(parent_pid, stop)) if parent_pid else None
         await stop.wait()
+        if watch:
+            watch.cancel()
         await server.stop(grace=2)
         tracing.shutdown()
 

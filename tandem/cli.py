@@ -64,7 +64,8 @@ def cmd_worker(args) -> None:
     from tandem.services.server import run_worker
 
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
-               max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port)
+               max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
+               parent_pid=args.parent_pid)
 
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
@@ -345,6 +346,8 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-cache-mb", type=int, default=2048, help="KV-cache memory bound (LRU eviction)")
     worker.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
+    worker.add_argument("--parent-pid", type=int, default=0,
+                        help="stop when this process is no longer the worker's parent (tandem up passes its own)")
     worker.set_defaults(func=cmd_worker, extra="server")
 
     orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")

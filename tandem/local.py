@@ -20,8 +20,11 @@ SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.
 def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str,
                  echo: bool = True, metrics_port: int = 0, port: int = 0) -> tuple[subprocess.Popen, str]:
     """Start `tandem worker` as a child process; return it and the address it listens on."""
+    # --parent-pid: the worker stops when this process is gone, however it went (a SIGKILLed
+    # launcher must not leave workers holding their models).
     cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", str(port),
-           "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port)]
+           "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port),
+           "--parent-pid", str(os.getpid())]
     # An OpenMP thread that spins after its parallel region steals a core from the other
     # worker on a small machine; let idle threads sleep.
     env = {"OMP_WAIT_POLICY": "PASSIVE"} | dict(os.environ)
