@@ -304,7 +304,8 @@ class SpeculativeLoop:
         which re-prefills. None when no worker of the pool is available."""
         kind, reason = pool.kind, "down"  # why the session would leave its worker
         while (worker := pool.route(s.workers[kind])) is not None:
-            failover = self._move(s, kind, worker.address, reason, parent) if worker.address != s.workers[kind] else None
+            moved = worker.address != s.workers[kind]
+            failover = self._move(s, kind, worker.address, reason, parent) if moved else None
             # A call feeds at least the last committed token: a record can say a worker holds them
             # all (after a drafted-ahead hit), and a resumed session has no block in hand.
             cache_len = min(s.cache_lens[kind], len(s.tokens) - 1)
@@ -338,7 +339,6 @@ class SpeculativeLoop:
         metrics.reprefills.labels(pool=kind, reason="failover").inc()
         return tracing.start_span("failover", parent, attributes={
             "tandem.pool": kind, "tandem.from": previous, "tandem.to": address, "tandem.reason": reason})
-
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:
         """Cut the cycle's tokens at the first EOS or at max_tokens, setting finish_reason."""

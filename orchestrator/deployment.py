@@ -73,14 +73,11 @@ class GenerationService:
             except OSError as e:  # e.g. a second replica on this node: serve requests all the same
                 log.error("Prometheus metrics not served on port %d: %s", config.metrics_port, e)
         self._ready: asyncio.Task | None = None
-        self._pools_started = False
         # Costs measured by the last session seed the next one's policy.
         self._policy_template = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
 
     async def _connect(self) -> None:
-        if not self._pools_started:
-            await asyncio.gather(self.drafts.start(), self.targets.start())
-            self._pools_started = True
+        await asyncio.gather(self.drafts.start(), self.targets.start())  # once: a retried connect skips it
         target_info = await self.targets.describe(self.config.worker_timeout_s)
         if target_info is None:
             raise NoWorker("target", self.config.worker_timeout_s)

@@ -48,6 +48,11 @@ async def resolve(address: str) -> set[str]:
     return {f"[{ip}]:{p}" if ":" in ip else f"{ip}:{p}" for *_, (ip, p, *_) in infos}
 
 
+def _model(info: ModelInfo) -> tuple:
+    """What two workers of one pool must agree on (their model directories may differ)."""
+    return info.vocab_size, info.max_context, info.eos_token_ids, info.num_parameters
+
+
 @dataclass
 class Worker:
     address: str  # ip:port
@@ -83,15 +88,16 @@ class WorkerPool:
         self._resolver: asyncio.Task | None = None
 
     async def start(self) -> None:
-        await self._resolve()
-        self._resolver = asyncio.create_task(self._resolve_forever())
+        """Resolve the addresses and follow them from now on (once: later calls do nothing)."""
+        if self._resolver is None:
+            self._resolver = asyncio.create_task(self._resolve_forever())
+            await self._resolve()
 
     # --- routing ---------------------------------------------------------------------------
 
     def route(self, preferred: str | None = None) -> Worker | None:
         """The session's worker if available, else the least-loaded available one; None: none."""
-        worker = self.workers.get(preferred) if preferred else None
-        if worker is not None and worker.available:
+        if (worker := self.get(preferred)) is not None:
             return worker
         candidates = [w for w in self.workers.values() if w.available]
         if not candidates:
@@ -143,7 +149,7 @@ class WorkerPool:
             await self._remove(address)
 
     async def _resolve_forever(self) -> None:
-        while True:
+        while True:  # the first resolution is start()'s own
             await asyncio.sleep(self.resolve_every_s)
             await self._resolve()
 
@@ -188,11 +194,8 @@ class WorkerPool:
 
     async def _describe(self, worker: Worker) -> None:
         worker.info = await worker.client.describe()
-        if self.info is None:
-            self.info = worker.info
-        same = (worker.info.vocab_size, worker.info.max_context, worker.info.eos_token_ids, worker.info.num_parameters)
-        pool = (self.info.vocab_size, self.info.max_context, self.info.eos_token_ids, self.info.num_parameters)
-        worker.compatible = same == pool
+        self.info = self.info or worker.info
+        worker.compatible = _model(worker.info) == _model(self.info)
         if not worker.compatible:
             log.error("%s worker %s serves %s, not the pool's %s: never routed to", self.kind, worker.address,
                       worker.info.model, self.info.model)

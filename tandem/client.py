@@ -140,7 +140,7 @@ class _Follow:
         self.session_id = session_id
         self.received = received  # generated tokens delivered so far
         self.deadline = time.monotonic() + timeout_s
-        self.attempts = attempts  # resumes left before a break is final
+        self.attempts = attempts  # breaks in a row without progress before one is final
         self.failures = 0  # consecutive breaks without a chunk between them
 
     def call(self, stub) -> tuple:
@@ -174,10 +174,10 @@ class _Follow:
         return pause
 
 
-def _fold(session_id: str | None, chunks: list[StreamChunk]) -> GenerationResult:
+def _fold(chunks: list[StreamChunk]) -> GenerationResult:
     """A whole generation from its chunks (the last carries finish_reason and stats)."""
     last = chunks[-1]
-    return GenerationResult(session_id or last.session_id, "".join(c.text for c in chunks),
+    return GenerationResult(last.session_id, "".join(c.text for c in chunks),
                             [t for c in chunks for t in c.token_ids], last.finish_reason, last.stats)
 
 
@@ -231,7 +231,7 @@ class Client(_Base):
                  gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
         """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
-        return _fold(None, list(self._stream(self._follow(req, None, 0, timeout_s))))
+        return _fold(list(self._stream(self._follow(req, None, 0, timeout_s))))
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,
@@ -298,7 +298,7 @@ class AsyncClient(_Base):
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                        gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
-        return _fold(None, [c async for c in self._stream(self._follow(req, None, 0, timeout_s))])
+        return _fold([c async for c in self._stream(self._follow(req, None, 0, timeout_s))])
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,

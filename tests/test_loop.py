@@ -3,17 +3,16 @@
 import asyncio
 
 import pytest
-import torch
 
 from tandem.math.params import SamplingParams
 
 from cycles import generate, open_session, release, running_loop
+from test_cluster import hf_greedy
 
 
 def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, redis_url, pair, target_model):
     prompt = pair["prompts"][6]
-    with torch.no_grad():
-        expected = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20)[0, len(prompt):]
+    expected = hf_greedy(target_model, prompt, 20)
 
     async def run():
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
@@ -34,7 +33,7 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
     assert dropped["draft"] >= s.cycle // 2 and dropped["target"] == s.cycle
     # Every verify re-prefilled the whole sequence: no steady cost to learn from.
     assert s.policy.n == 0 and s.policy.verify_transport_ms < 0
-    assert out == expected.tolist()
+    assert out == expected
     assert record.tokens == prompt + out and record.cycle == s.cycle
     assert [c.output_tokens for c in record.per_cycle] == [c.output_tokens for c in s.stats.per_cycle]
     assert record.workers == {"draft": workers["draft"], "target": workers["target"]}
@@ -100,8 +99,7 @@ def test_a_session_whose_record_says_the_workers_hold_everything_still_runs(work
     """After a drafted-ahead hit the record says the draft worker holds every committed token;
     a session resumed from it has no block in hand, so its first call must still feed a token."""
     prompt = pair["prompts"][6]
-    with torch.no_grad():
-        expected = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8)[0, len(prompt):]
+    expected = hf_greedy(target_model, prompt, 8)
 
     async def run():
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
@@ -112,7 +110,7 @@ def test_a_session_whose_record_says_the_workers_hold_everything_still_runs(work
             await release(loop, s)
             return out
 
-    assert asyncio.run(run()) == expected.tolist()
+    assert asyncio.run(run()) == expected
 
 
 def test_no_verifier_left_waits_the_bound_then_the_session_stays_resumable(workers, redis_url, pair):
@@ -142,8 +140,7 @@ def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(worker
     from tandem.orchestrator.store import Fenced
 
     prompt = pair["prompts"][0]
-    with torch.no_grad():
-        expected = target_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40)[0, len(prompt):]
+    expected = hf_greedy(target_model, prompt, 40)
 
     async def run():
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
@@ -163,4 +160,4 @@ def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(worker
             return head, rest, fenced.value.reason
 
     head, rest, reason = asyncio.run(run())
-    assert head + rest == expected.tolist() and reason == "taken over"
+    assert head + rest == expected and reason == "taken over"

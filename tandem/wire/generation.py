@@ -154,9 +154,3 @@ def response_to_pb(session_id: str, chunks: list[Chunk]) -> generation_pb2.Gener
         token_ids=[t for c in chunks for t in c.token_ids], finish_reason=last.finish_reason,
         stats=stats_to_pb(last.stats or Stats()),
     )
-
-
-def response_from_pb(msg: generation_pb2.GenerateResponse) -> Chunk:
-    return Chunk(
-        msg.session_id, list(msg.token_ids), msg.text, msg.finish_reason, stats_from_pb(msg.stats)
-    )
