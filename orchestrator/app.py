@@ -13,7 +13,17 @@ from tandem.orchestrator.deployment import GenerationService
 
 log = logging.getLogger("tandem.orchestrator")
 
-SERVICER_FUNCTIONS = ["tandem.v1.generation_pb2_grpc.add_GenerationServicer_to_server"]
+# The generated add_GenerationServicer_to_server, with requests that do not parse handed on to
+# the servicer (INVALID_ARGUMENT naming the field) instead of failing in the proxy as UNKNOWN.
+SERVICER_FUNCTIONS = ["tandem.wire.generation.add_generation_servicer"]
+
+# The largest request the ingress accepts (gRPC's own default): gRPC refuses a longer one with
+# RESOURCE_EXHAUSTED before it is read whole. Ray's proxy allows 2 GiB by default, and its hop
+# to the replica 4 MiB, which failed a larger request as INTERNAL; that hop gets room for
+# Ray's envelope around the request.
+MAX_REQUEST_BYTES = 4 << 20
+MESSAGE_SIZE_ENV = {"RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(MAX_REQUEST_BYTES),
+                    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(MAX_REQUEST_BYTES + (1 << 20))}
 
 # Ray Serve's throughput-optimized mode for a Ray that tandem starts itself. Its proxy then
 # streams to the replica over gRPC instead of Ray object references, and user code runs on
@@ -27,7 +37,10 @@ SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE
 
 
 def build_app(config: OrchestratorConfig) -> serve.Application:
-    return GenerationService.options(num_replicas=config.replicas).bind(config)
+    # Serve queues what is over max_ongoing_requests without bound: keep it above the replica's
+    # own cap, so that a replica refuses a session at once instead (and still answers Cancel).
+    return GenerationService.options(num_replicas=config.replicas,
+                                     max_ongoing_requests=config.max_sessions + 16).bind(config)
 
 
 def start_ingress(config: OrchestratorConfig, grpc_port: int, http_port: int = 0,
@@ -37,7 +50,7 @@ def start_ingress(config: OrchestratorConfig, grpc_port: int, http_port: int = 0
     Returns once the app is running; requests need the metadata ("application", app_name).
     """
     if not ray.is_initialized():
-        for name, value in SERVE_THROUGHPUT_ENV.items():
+        for name, value in (SERVE_THROUGHPUT_ENV | MESSAGE_SIZE_ENV).items():
             os.environ.setdefault(name, value)  # inherited by the Ray processes started below
         _init_ray()
     from tandem.orchestrator.redis_server import free_port

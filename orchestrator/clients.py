@@ -20,12 +20,15 @@ from opentelemetry.trace import SpanKind
 
 from tandem import tracing
 from tandem.math.params import SamplingParams
+from tandem.tls import TLSFiles, channel_credentials
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 
 _OPTIONS = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
+    # Never the tighter side: each worker refuses what its model cannot need (services/limits.py),
+    # and what it may send, 64 packed distributions of a vocabulary of up to 512k tokens, fits.
+    ("grpc.max_receive_message_length", 256 << 20),
+    ("grpc.max_send_message_length", 256 << 20),
     ("grpc.keepalive_time_ms", 30_000),
     # A restarted worker is back within a second, not after gRPC's default backoff (up to 2 min).
     ("grpc.initial_reconnect_backoff_ms", 200),
@@ -53,10 +56,18 @@ class WorkerClient:
     stub_class = None
     stream_rpc = ""  # the stub's stream method: "ProposeStream" or "VerifyStream"
 
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 30.0, tls: TLSFiles | None = None,
+                 server_name: str | None = None) -> None:
+        """tls: mutual TLS (this side's certificate and key, the workers' CA). server_name: the
+        name the worker's certificate must hold when `address` is one of the IPs that name
+        resolved to (a pool dials each pod of a Service by IP; its certificate names the Service)."""
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        else:
+            options = _OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
+            self.channel = grpc.aio.secure_channel(address, channel_credentials(tls), options=options)
         self.stub = self.stub_class(self.channel)
         self._streams: dict[tuple[str, str], _SessionStream] = {}  # by (session id, writer)
 

@@ -1,9 +1,12 @@
 """The orchestrator's validated configuration."""
 
+import hashlib
 import os
 from dataclasses import dataclass
 
 from tandem.orchestrator.pool import split_address
+from tandem.orchestrator.store import check_redis_url
+from tandem.tls import TLSFiles
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,13 @@ class OrchestratorConfig:
     app_name: str = "tandem"
     replicas: int = 1  # Ray Serve replicas of the orchestrator, each serving any session
     metrics_port: int = 0  # Prometheus metrics of the replica's process; 0: none
+    metrics_host: str = "127.0.0.1"  # the interface the metrics listen on
     draft_ahead: bool = True  # draft past each block while the target verifies it (cycle.py)
+    # The ingress's bearer token, as its SHA-256 hex digest: the secret itself never travels in
+    # the application's config. None: no token, anyone who reaches the ingress may call it.
+    api_key_sha256: str | None = None
+    max_sessions: int = 64  # generations in flight per replica; more are refused (RESOURCE_EXHAUSTED)
+    tls: TLSFiles | None = None  # mutual TLS to the workers: the orchestrator's cert and key, the workers' CA
 
     def __post_init__(self) -> None:
         if not self.target_addresses:
@@ -36,6 +45,9 @@ class OrchestratorConfig:
                     raise ValueError(f"{name}: {e}") from None
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+        check_redis_url(self.redis_url)
+        if self.tls is not None:
+            self.tls.check()  # here, not at the first worker call inside a Ray replica
         if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
             raise ValueError(f"tokenizer directory not found: {self.tokenizer}")
         if not 0 <= self.max_gamma <= 64:
@@ -48,6 +60,10 @@ class OrchestratorConfig:
             raise ValueError("session_ttl_s, worker_timeout_s, verifier_wait_s and redis_retry_s must be positive")
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.api_key_sha256 is not None and len(self.api_key_sha256) != 64:
+            raise ValueError("api_key_sha256 must be a SHA-256 hex digest (use api_key_digest)")
 
     def load_tokenizer(self):
         """The tokenizer, or None when there is none (token-id prompts only)."""
@@ -59,3 +75,12 @@ class OrchestratorConfig:
             return AutoTokenizer.from_pretrained(self.tokenizer)
         except (OSError, ValueError):
             return None
+
+
+def api_key_digest(api_key: str | None) -> str | None:
+    """What OrchestratorConfig.api_key_sha256 holds for a token (None and "" mean none)."""
+    if not api_key:
+        return None
+    if not api_key.isprintable() or len(api_key) > 4096:
+        raise ValueError("the API key must be printable and at most 4096 characters")
+    return hashlib.sha256(api_key.encode()).hexdigest()

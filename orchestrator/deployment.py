@@ -19,6 +19,8 @@ import os
 import socket
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -29,6 +31,7 @@ from ray import serve
 from tandem import tracing
 from tandem.math.params import SamplingParams
 from tandem.orchestrator import metrics
+from tandem.orchestrator.auth import authorize
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
 from tandem.orchestrator.cycle import FAILOVER_CODES, NoWorker, Session, SpeculativeLoop
@@ -38,7 +41,7 @@ from tandem.orchestrator.pool import WorkerPool
 from tandem.orchestrator.requests import Limits, ResolvedRequest, resolve
 from tandem.orchestrator.store import FINISHED, Fenced, SessionRecord, SessionStore, StoreUnavailable
 from tandem.wire import generation as wire
-from tandem.wire.validation import FieldError
+from tandem.wire.validation import FieldError, check_session_id
 
 log = logging.getLogger("tandem.orchestrator")
 
@@ -57,19 +60,24 @@ class _Refused(Exception):
 # Serve's controller notices a dead replica only at its next health check (every 10 s by
 # default), and meanwhile counts it as running: two replicas killed within that window left
 # none for ~10 s here. Every 2 s, a replacement starts sooner; the 30 s timeout stays, so a
-# busy replica is not taken for a dead one.
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64, health_check_period_s=2.0)
+# busy replica is not taken for a dead one. (max_ongoing_requests: build_app sets it above
+# the config's max_sessions, so that the replica refuses what is over, not Serve's queue.)
+@serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=2.0)
 class GenerationService:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
-        self.drafts = WorkerPool("draft", config.draft_addresses, DraftClient, config.worker_timeout_s)
-        self.targets = WorkerPool("target", config.target_addresses, VerifierClient, config.worker_timeout_s)
+        self.drafts = WorkerPool("draft", config.draft_addresses, DraftClient, config.worker_timeout_s, tls=config.tls)
+        self.targets = WorkerPool("target", config.target_addresses, VerifierClient, config.worker_timeout_s,
+                                  tls=config.tls)
         self.store = SessionStore.from_url(config.redis_url, config.session_ttl_s, config.redis_retry_s)
         self.tokenizer = config.load_tokenizer()
+        # Tokenizing runs here, off the event loop that streams every session's chunks.
+        self._tokenizing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self._in_flight = 0  # generations and resumptions this replica runs
         tracing.setup("tandem-orchestrator")
         if config.metrics_port:
             try:
-                metrics.serve(config.metrics_port)
+                metrics.serve(config.metrics_port, config.metrics_host)
             except OSError as e:  # e.g. a second replica on this node: serve requests all the same
                 log.error("Prometheus metrics not served on port %d: %s", config.metrics_port, e)
         self._ready: asyncio.Task | None = None
@@ -111,11 +119,39 @@ class GenerationService:
 
     async def Cancel(self, request, grpc_context):
         try:
+            self._authorize(grpc_context)
+            wire.check_decoded(request)
+            check_session_id(request.session_id)
             cancelled = await self.store.stop(request.session_id)
-        except StoreUnavailable as e:
+        except (FieldError, StoreUnavailable) as e:
             _refuse(grpc_context, trace.INVALID_SPAN, e)
             raise
         return wire.cancel_response(cancelled)
+
+    # --- admission: the token, then a slot ------------------------------------------------
+
+    def _authorize(self, grpc_context) -> None:
+        authorize(grpc_context.invocation_metadata(), self.config.api_key_sha256)
+
+    @contextmanager
+    def _admitted(self, grpc_context, span):
+        """An authorized call, holding one of the replica's max_sessions slots while it runs;
+        a refusal is answered at once (never queued) and ends the span."""
+        try:
+            self._authorize(grpc_context)
+            if self._in_flight >= self.config.max_sessions:
+                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"sessions: {self._in_flight} generations in flight on this replica, at most "
+                               f"{self.config.max_sessions}; retry later")
+        except BaseException as e:
+            _refuse(grpc_context, span, e)
+            span.end()
+            raise
+        self._in_flight += 1
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
 
     # --- a new session ---------------------------------------------------------------------
 
@@ -124,20 +160,23 @@ class GenerationService:
         span = tracing.start_span("text_completion", tracing.extract(grpc_context.invocation_metadata()),
                                   kind=SpanKind.SERVER,
                                   attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem"})
-        try:
-            session = await self._start(request)
-        except BaseException as e:
-            _refuse(grpc_context, span, e)
-            span.end()
-            raise
-        _describe(span, "text_completion", session, self.model)
-        yield wire.Chunk(session.session_id, [])  # the session id, before any cycle: resumable from here on
-        async for chunk in self._serve(session, span, IncrementalDetokenizer(self.tokenizer), grpc_context):
-            yield chunk
+        with self._admitted(grpc_context, span):
+            try:
+                session = await self._start(request)
+            except BaseException as e:
+                _refuse(grpc_context, span, e)
+                span.end()
+                raise
+            _describe(span, "text_completion", session, self.model)
+            yield wire.Chunk(session.session_id, [])  # the session id, before any cycle: resumable from here on
+            async for chunk in self._serve(session, span, IncrementalDetokenizer(self.tokenizer), grpc_context):
+                yield chunk
 
     async def _start(self, request) -> Session:
         await self._connect_or_refuse()
-        resolved = resolve(wire.generation_request_from_pb(request), self.limits, self.tokenizer)
+        decoded = wire.generation_request_from_pb(request)
+        resolved = await asyncio.get_running_loop().run_in_executor(
+            self._tokenizing, resolve, decoded, self.limits, self.tokenizer)
         session = self._new_session(resolved)
         p = resolved.params
         await self.store.create(SessionRecord(
@@ -167,31 +206,34 @@ class GenerationService:
     async def _resumption(self, request, grpc_context):
         span = tracing.start_span("resume", tracing.extract(grpc_context.invocation_metadata()), kind=SpanKind.SERVER,
                                   attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem",
-                                              "gen_ai.response.id": request.session_id,
-                                              "tandem.resume.from_index": request.from_index})
-        try:
-            session, record = await self._restore(request.session_id, request.from_index)
-        except BaseException as e:
-            _refuse(grpc_context, span, e)
-            span.end()
-            raise
-        metrics.resumes.inc()
-        _describe(span, "resume", session, self.model)
-        detok = resumed(self.tokenizer, record.generated, [c.output_tokens for c in record.per_cycle],
-                        request.from_index)
-        finished = record.status in FINISHED
-        tail = record.generated[request.from_index:]
-        yield wire.Chunk(session.session_id, tail, detok.push(tail, final=finished),
-                         record.status if finished else "", session.stats if finished else None)
-        if finished:
-            _conclude(span, session)
-            span.end()
-            return
-        async for chunk in self._serve(session, span, detok, grpc_context):
-            yield chunk
+                                              "gen_ai.response.id": getattr(request, "session_id", ""),
+                                              "tandem.resume.from_index": getattr(request, "from_index", 0)})
+        with self._admitted(grpc_context, span):
+            try:
+                wire.check_decoded(request)
+                session, record = await self._restore(request.session_id, request.from_index)
+            except BaseException as e:
+                _refuse(grpc_context, span, e)
+                span.end()
+                raise
+            metrics.resumes.inc()
+            _describe(span, "resume", session, self.model)
+            detok = resumed(self.tokenizer, record.generated, [c.output_tokens for c in record.per_cycle],
+                            request.from_index)
+            finished = record.status in FINISHED
+            tail = record.generated[request.from_index:]
+            yield wire.Chunk(session.session_id, tail, detok.push(tail, final=finished),
+                             record.status if finished else "", session.stats if finished else None)
+            if finished:
+                _conclude(span, session)
+                span.end()
+                return
+            async for chunk in self._serve(session, span, detok, grpc_context):
+                yield chunk
 
     async def _restore(self, session_id: str, from_index: int) -> tuple[Session, SessionRecord]:
         """The session from Redis, taken over by this replica (a finished one is only read)."""
+        check_session_id(session_id)
         await self._connect_or_refuse()
         owner = _writer()
         record = await self.store.claim(session_id, owner)

@@ -50,9 +50,9 @@ store_unavailable = Counter("tandem:store_unavailable", "Requests that ended bec
 _PARTS = ("draft", "verify", "transport", "redis", "orchestration")
 
 
-def serve(port: int) -> None:
-    """Expose the metrics on http://0.0.0.0:port/metrics (a daemon thread)."""
-    start_http_server(port, registry=REGISTRY)
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose the metrics on http://host:port/metrics (a daemon thread)."""
+    start_http_server(port, addr=host, registry=REGISTRY)
 
 
 def observe_cycle(c: CycleStats) -> None:

@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import WorkerClient
+from tandem.tls import TLSFiles
 from tandem.wire.worker import ModelInfo, WorkerLoad
 
 log = logging.getLogger("tandem.orchestrator")
@@ -74,8 +75,10 @@ class Worker:
 
 class WorkerPool:
     def __init__(self, kind: str, addresses: Sequence[str], client_class: type[WorkerClient],
-                 timeout_s: float = 30.0, resolve_every_s: float = 10.0, load_every_s: float = 1.0) -> None:
+                 timeout_s: float = 30.0, resolve_every_s: float = 10.0, load_every_s: float = 1.0,
+                 tls: TLSFiles | None = None) -> None:
         self.kind = kind  # "draft" or "target": the name in metrics, spans and session records
+        self.tls = tls  # mutual TLS to every worker; each certificate must name the host configured
         self.addresses = list(addresses)
         self.client_class = client_class
         self.timeout_s = timeout_s
@@ -154,11 +157,18 @@ class WorkerPool:
             await self._resolve()
 
     def _add(self, address: str) -> None:
-        worker = Worker(address, self.client_class(address, self.timeout_s))
+        worker = Worker(address, self._client(address))
         self.workers[address] = worker
         self._tasks[address] = [asyncio.create_task(self._watch(worker)),
                                 asyncio.create_task(self._poll_load(worker))]
         log.info("%s pool: worker %s added", self.kind, address)
+
+    def _client(self, address: str) -> WorkerClient:
+        if self.tls is None:
+            return self.client_class(address, self.timeout_s)
+        # The certificate names what was configured (a Service's DNS name), not the pod IP dialled.
+        host = next(split_address(a)[0] for a, found in self._resolved.items() if address in found)
+        return self.client_class(address, self.timeout_s, tls=self.tls, server_name=host)
 
     async def _remove(self, address: str) -> None:
         worker = self.workers.pop(address)

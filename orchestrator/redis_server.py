@@ -41,19 +41,30 @@ class EmbeddedRedis:
         self.appendonly = appendonly
         self.password = password
         self.url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.port}/0"
+        self.safe_url = self.url.replace(f":{password}@", ":***@") if password else self.url  # to print
         self.process = self.restart()
 
     def restart(self) -> subprocess.Popen:
         """Start redis-server (again) on this port and directory; returns once it answers."""
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.appendonly else ["--appendonly", "no"]
-        auth = ["--requirepass", self.password] if self.password else []
         self.process = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.data_dir,
-             "--save", "", *persistence, *auth, "--loglevel", "warning"],
+            [redis_server_binary(), self._config_file(), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", self.data_dir, "--save", "", *persistence, "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         self._wait_ready()
         return self.process
+
+    def _config_file(self) -> str:
+        """A config file readable by this user alone, holding the password: on the command line
+        it would show in every user's `ps`."""
+        path = os.path.join(self.data_dir, "redis.conf")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            if self.password:
+                quoted = self.password.replace("\\", "\\\\").replace('"', '\\"')
+                f.write(f'requirepass "{quoted}"\n')
+        return path
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
         client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)

@@ -11,6 +11,8 @@ from tandem.wire.generation import GenerationRequest
 from tandem.wire.validation import FieldError, check_sampling, check_token_ids, invalid, out_of_range
 from tandem.wire.worker import ModelInfo
 
+CHARS_PER_TOKEN_BOUND = 32
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -21,6 +23,12 @@ class Limits:
     max_gamma: int
     max_tokens_cap: int
     default_max_tokens: int
+
+    @property
+    def max_prompt_chars(self) -> int:
+        """The longest text prompt tokenized at all: a bound checked before tokenizing, far above
+        what fills the context (code and prose run at 3–5 characters per token)."""
+        return CHARS_PER_TOKEN_BOUND * self.max_context
 
     @classmethod
     def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
@@ -68,6 +76,9 @@ def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:
     if req.prompt and req.prompt_token_ids:
         raise invalid("prompt", "set either prompt or prompt_token_ids, not both")
     if req.prompt_token_ids:
+        if len(req.prompt_token_ids) >= limits.max_context:
+            raise out_of_range("prompt_token_ids", f"{len(req.prompt_token_ids)} tokens leave no room in the "
+                               f"context of {limits.max_context}")
         check_token_ids("prompt_token_ids", req.prompt_token_ids, limits.vocab_size)
         return list(req.prompt_token_ids)
     if not req.prompt:
@@ -75,6 +86,9 @@ def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:
     if tokenizer is None:
         raise FieldError(grpc.StatusCode.FAILED_PRECONDITION, "prompt",
                          "the server has no tokenizer for this model; send prompt_token_ids")
+    if len(req.prompt) > limits.max_prompt_chars:  # before tokenizing: its cost grows with the text
+        raise out_of_range("prompt", f"{len(req.prompt)} characters, at most {limits.max_prompt_chars} "
+                           f"({CHARS_PER_TOKEN_BOUND} per token of the {limits.max_context}-token context)")
     ids = tokenizer.encode(req.prompt)
     if not ids:
         raise invalid("prompt", "encodes to no tokens")

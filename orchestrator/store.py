@@ -14,13 +14,26 @@ resume takes over) and the session is at the cycle before it: a stale writer sto
 token is committed exactly once. A commit retried after a lost reply finds its own cycle
 already there and succeeds without writing twice. Redis faults are retried for a bounded
 time, then reported as `StoreUnavailable`.
+
+Redis over TLS is a rediss:// URL; redis-py reads the TLS files from its query string (a
+password or an ACL user goes before the host, percent-encoded):
+
+    rediss://[USER]:PASSWORD@HOST:6380/0?ssl_ca_certs=/etc/tandem/redis/ca.pem
+        &ssl_certfile=/etc/tandem/redis/client.pem&ssl_keyfile=/etc/tandem/redis/client-key.pem
+
+ssl_ca_certs: the CA that signed Redis's certificate (default: the system's); ssl_certfile and
+ssl_keyfile: a client certificate, for a Redis started with tls-auth-clients; the server's
+certificate is always verified, and for the URL's host unless `ssl_check_hostname=false`.
 """
 
 import asyncio
 import json
+import os
+import ssl
 import struct
 import time
 from dataclasses import astuple, dataclass, field
+from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import redis.asyncio as aioredis
@@ -35,6 +48,22 @@ FINISHED = ("stop", "length")  # statuses of a session that has generated all it
 # parts (draft, verify, transport, redis, orchestration as float64 ms), wire bytes, drafted
 # ahead, ahead ms.
 _CYCLE = struct.Struct("<3I6dI?d")
+
+
+def check_redis_url(url: str) -> None:
+    """ValueError, at configuration time, for a URL whose TLS part cannot work: ssl_*
+    parameters on a plain redis:// URL, or a TLS file it names that cannot be read."""
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query)
+    tls = [name for name in query if name.startswith("ssl_")]
+    if tls and parsed.scheme != "rediss":
+        raise ValueError(f"redis_url: {', '.join(tls)} need a rediss:// URL")
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        for path in query.get(name, []):
+            if not os.access(path, os.R_OK):
+                raise ValueError(f"redis_url: {name}: cannot read {path}")
+    if "ssl_keyfile" in query and "ssl_certfile" not in query:
+        raise ValueError("redis_url: ssl_keyfile needs ssl_certfile")
 
 
 def _keys(session_id: str) -> list[str]:
@@ -186,6 +215,10 @@ class SessionStore:
             except AuthenticationError:  # a deployment error, not an outage: say so at once
                 raise StoreUnavailable("the session store refused tandem's credentials (REDIS_URL)") from None
             except (RedisConnectionError, RedisTimeoutError) as e:  # also LOADING after a restart
+                # Redis's certificate fails verification: a deployment error too (a transient
+                # handshake fault, e.g. a restart, is an SSLError of another kind, and retried).
+                if isinstance(e.__cause__ or e.__context__, ssl.SSLCertVerificationError):
+                    raise StoreUnavailable(f"the session store's TLS certificate (REDIS_URL): {e}") from None
                 if time.monotonic() + pause > deadline:
                     raise StoreUnavailable(f"the session store did not answer for {self.retry_s:.0f} s "
                                            f"({type(e).__name__})") from None

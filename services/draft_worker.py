@@ -6,13 +6,12 @@ from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniform
 from tandem.math.sampling import sample, warp
 from tandem.services import distributions
+from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import ModelRuntime
-from tandem.services.server import WorkerServicer
+from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 from tandem.wire.validation import check_context, invalid
-
-MAX_GAMMA = 64
 
 
 def propose(
@@ -55,16 +54,20 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             end = request.cache_len + len(request.tokens) + request.gamma - 1
             check_context("gamma", end, self.runtime.info.max_context)
             params = self.check_sampling(request.sampling)
+            probs = 0 if params.greedy else request.gamma * self.runtime.info.vocab_size
             return await self.compute(
                 propose, request.session_id, request.cache_len, list(request.tokens),
-                request.gamma, params,
+                request.gamma, params, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS,
             )
 
-        return wire.propose_response(await self.answer(context, "Propose", request, work))
+        return await self.answer(context, "Propose", request, work, wire.propose_response)
 
     async def ProposeStream(self, requests, context):
         async for request in requests:
-            yield await self.Propose(request, context)
+            response = await self.Propose(request, context)
+            if response is None:  # refused: the status set on the context ends the stream
+                return
+            yield response
 
 
 def add_to_server(runtime: ModelRuntime, server) -> None:

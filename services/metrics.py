@@ -15,9 +15,10 @@ cache_misses = Counter("tandem:worker_cache_misses", "Calls for a session the wo
                        "(the caller re-sends the whole sequence).", ["rpc"], registry=REGISTRY)
 
 
-def serve(port: int, runtime) -> None:
-    """Expose the metrics on http://0.0.0.0:port/metrics (a daemon thread); the gauges read the
-    runtime at each scrape."""
+def serve(port: int, runtime, host: str = "127.0.0.1") -> None:
+    """Expose the metrics on http://host:port/metrics (a daemon thread; the worker passes the
+    host its gRPC server binds, so that the metrics are no more exposed than the worker); the
+    gauges read the runtime at each scrape. Raises OSError when the port is taken."""
     sessions.set_function(lambda: runtime.num_sessions)
     kv_cache_bytes.set_function(lambda: runtime.cache_bytes)
-    start_http_server(port, registry=REGISTRY)
+    start_http_server(port, addr=host, registry=REGISTRY)

@@ -15,14 +15,76 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from tandem import tracing
 from tandem.math.params import SamplingParams
-from tandem.services import metrics
+from tandem.ports import port_in_use, port_in_use_line
+from tandem.services import memory, metrics
+from tandem.services.limits import MessageLimits, any_worker_limits, message_limits
 from tandem.services.runtime import CacheMiss, ModelRuntime
+from tandem.tls import TLSFiles, server_credentials
 from tandem.wire import worker as wire
 from tandem.wire.validation import FieldError, check_context, check_sampling, check_session_id, check_token_ids
 
 log = logging.getLogger("tandem.worker")
 
-MAX_MESSAGE_BYTES = 64 << 20
+TRIM_DELAY_S = 0.1  # after a large call, time for its answer to be sent (and freed) before trimming
+# A call is large when it feeds this many tokens or moves this many probabilities (γ × vocabulary).
+LARGE_TOKENS, LARGE_PROBS = 512, 1 << 20
+
+
+def _parse(raw: bytes, deserialize, context):
+    """The request in raw, or None with INVALID_ARGUMENT set on the context. gRPC's own parsing
+    answers UNKNOWN to bytes that are not the message, and raises through its frames."""
+    try:
+        return deserialize(raw)
+    except Exception as e:  # DecodeError, or invalid UTF-8 in a string field
+        context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+        context.set_details(f"request: not a valid message ({type(e).__name__}: {e})")
+        return None
+
+
+def _parsing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """handler, taking raw bytes and parsing them itself (unary-unary and stream-stream; the
+    workers have no other kind, and another is left as it is)."""
+    deserialize = handler.request_deserializer
+    if handler.request_streaming != handler.response_streaming:
+        return handler
+    if handler.request_streaming:
+        behavior = handler.stream_stream
+
+        async def parsed(raw_requests, context):
+            async for raw in raw_requests:
+                request = _parse(raw, deserialize, context)
+                if request is None:  # ends the stream with the status set
+                    return
+                yield request
+
+        async def stream(raw_requests, context):
+            async for response in behavior(parsed(raw_requests, context), context):
+                yield response
+
+        return handler._replace(request_deserializer=None, stream_stream=stream)
+    behavior = handler.unary_unary
+
+    async def unary(raw, context):
+        request = _parse(raw, deserialize, context)
+        return None if request is None else await behavior(request, context)
+
+    return handler._replace(request_deserializer=None, unary_unary=unary)
+
+
+class _ParsingRegistrar:
+    """Stands in for the server while a generated add_*Servicer_to_server registers a service:
+    registers its method handlers wrapped by _parsing."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass  # the same handlers come again, by name, in add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        handlers = {name: _parsing(handler) for name, handler in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        self.server.add_registered_method_handlers(service, handlers)
 
 
 def _remote_parent(request, context) -> Context:
@@ -53,22 +115,25 @@ class WorkerServicer:
         # One thread owns the model: calls from all sessions run in order, never concurrently.
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self.queued = 0  # compute calls waiting for the model thread or running on it
+        self._trim_pending = False
 
     def check_sequence(self, session_id: str, cache_len: int, tokens) -> None:
         check_session_id(session_id)
         if not tokens:
             raise FieldError(grpc.StatusCode.INVALID_ARGUMENT, "tokens", "need at least one token")
         info = self.runtime.info
+        check_context("tokens", cache_len + len(tokens), info.max_context)  # first: it costs nothing
         check_token_ids("tokens", tokens, info.vocab_size)
-        check_context("tokens", cache_len + len(tokens), info.max_context)
 
     def check_sampling(self, msg) -> SamplingParams:
         params = wire.sampling_from_pb(msg)
         check_sampling(params.temperature, params.top_k, params.top_p, prefix="sampling.")
         return params
 
-    async def compute(self, fn, *args):
-        """Run fn(runtime, *args) on the model thread; None on a cache miss, with compute_ms set."""
+    async def compute(self, fn, *args, large: bool = False):
+        """Run fn(runtime, *args) on the model thread; None on a cache miss, with compute_ms set.
+        large: the call allocates much (a long prefill, vocabulary-sized distributions), so the
+        heap it freed is returned to the system afterwards (trim_soon)."""
 
         def run():
             start = time.perf_counter()
@@ -84,10 +149,30 @@ class WorkerServicer:
             return await asyncio.get_running_loop().run_in_executor(self._model_thread, run)
         finally:
             self.queued -= 1
+            if large:
+                self.trim_soon()
 
-    async def answer(self, context, rpc: str, request, work):
-        """Await work() in a server span (child of the caller's, from the metadata); a
-        FieldError becomes its status code, anything else INTERNAL."""
+    def trim_soon(self) -> None:
+        """Return freed heap to the system (malloc_trim, a few ms) once the answer has been sent
+        (TRIM_DELAY_S), on the model thread so that it never stalls the event loop; at most one
+        pending. glibc keeps what a large call freed otherwise: +50 to +90 MiB after ten prefills
+        of a 4096-token context or ten Verify calls with 64 dense 32k-token distributions."""
+        if self._trim_pending:
+            return
+        self._trim_pending = True
+
+        def trim():
+            self._trim_pending = False
+            memory.trim()
+
+        asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._model_thread.submit, trim)
+
+    async def answer(self, context, rpc: str, request, work, encode):
+        """Await work() in a server span (child of the caller's, from the metadata) → encode(its
+        result). On failure, None with the status set on the context: a FieldError's code, anything
+        else INTERNAL. The status is set, not raised with context.abort: a raised abort leaves a
+        reference cycle through gRPC's frames that keeps the request alive until a full garbage
+        collection, and a worker answering many bad requests grew by their size."""
         with tracing.span(
             f"{self.service}/{rpc}", _remote_parent(request, context), kind=SpanKind.SERVER,
             attributes={"rpc.system": "grpc", "rpc.service": self.service, "rpc.method": rpc, **_describe(request)},
@@ -96,19 +181,24 @@ class WorkerServicer:
             try:
                 result = await work()
             except FieldError as e:
-                span.set_status(Status(StatusCode.ERROR, str(e)))
-                await context.abort(e.code, str(e))
+                failure = e.code, str(e)
             except Exception as e:  # a bug must not take the worker down: log it, answer INTERNAL
                 log.exception("request failed")
-                span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
-                await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+                failure = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
+            else:
+                failure = None
+            if failure:
+                span.set_status(Status(StatusCode.ERROR, failure[1]))
+                context.set_code(failure[0])
+                context.set_details(failure[1])
+                return None
             if hasattr(result, "compute_ms"):
                 span.set_attribute("tandem.compute_ms", result.compute_ms)
                 metrics.compute.labels(rpc=rpc).observe(result.compute_ms / 1e3)
             elif result is None:  # Propose and Verify answer None on a cache miss
                 span.set_attribute("tandem.cache_miss", True)
                 metrics.cache_misses.labels(rpc=rpc).inc()
-            return result
+            return encode(result)
 
     async def Release(self, request, context):
         async def work():
@@ -117,7 +207,7 @@ class WorkerServicer:
                 self._model_thread, self.runtime.release, request.session_id
             )
 
-        return wire.release_response(await self.answer(context, "Release", request, work))
+        return await self.answer(context, "Release", request, work, wire.release_response)
 
     async def Describe(self, request, context):
         return wire.model_info_to_pb(self.runtime.info)
@@ -127,20 +217,26 @@ class WorkerServicer:
         return wire.load_to_pb(load)
 
 
-async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """Start a grpc.aio server with the worker servicer and health checking; returns (server, port)."""
+async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int,
+                       tls: TLSFiles | None = None, limits: MessageLimits | None = None) -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server with the worker servicer and health checking; returns (server, port).
+    With `tls`, only clients presenting a certificate that its CA signed get through the handshake.
+    `limits`: the worker kind's message limits (tandem.services.limits); by default, what either
+    kind takes for the runtime's model."""
+    info = runtime.info
+    limits = limits or any_worker_limits(info.vocab_size, info.max_context)
     options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        *limits.grpc_options(),
         # gRPC lets a second process bind a taken port on Linux; the orchestrator routes
         # sessions by address, so a port must name one worker.
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    add_servicer(runtime, server)
+    add_servicer(runtime, _ParsingRegistrar(server))
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, _ParsingRegistrar(server))
+    address = f"{host}:{port}"
+    bound = server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
@@ -157,14 +253,34 @@ async def _stop_when_orphaned(launcher: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
+def _check_ports(host: str, port: int, metrics_port: int) -> None:
+    """Exit with one line if the gRPC or the metrics port is taken."""
+    if port and port == metrics_port:
+        raise SystemExit(f"tandem worker: gRPC and metrics cannot share port {port}")
+    for what, taken in (("gRPC", port), ("metrics", metrics_port)):
+        if port_in_use(host, taken):
+            raise SystemExit(port_in_use_line("tandem worker", taken, what, host))
+
+
+def _cannot_listen(host: str, port: int, what: str, error: Exception) -> str:
+    """The line to exit with when binding port failed: "in use" when it is (a race with
+    _check_ports), else the library's reason."""
+    if port_in_use(host, port):
+        return port_in_use_line("tandem worker", port, what, host)
+    return f"tandem worker: cannot listen on {host}:{port} ({what}): {error}"
+
+
 def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
-    metrics_port: int = 0, parent_pid: int = 0,
+    metrics_port: int = 0, parent_pid: int = 0, tls: TLSFiles | None = None,
 ) -> None:
     """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM, with
     Prometheus metrics on metrics_port (0: none); with parent_pid, also until the process of
-    that pid is no longer this one's parent."""
+    that pid is no longer this one's parent. With `tls`, mutual TLS only (tandem.tls).
+    Exits with one line (SystemExit) when it cannot listen on a port."""
+    _check_ports(host, port, metrics_port)  # before the model loads: a taken port fails at once
+    memory.one_arena()  # before gRPC and torch start their threads
     import torch
 
     from tandem.services import draft_worker, target_verifier
@@ -175,15 +291,23 @@ def run_worker(
     tracing.setup({"draft": "tandem-draft-worker", "target": "tandem-target-verifier"}[kind])
     runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
     if metrics_port:
-        metrics.serve(metrics_port, runtime)
+        try:
+            metrics.serve(metrics_port, runtime, host)
+        except OSError as e:  # taken since _check_ports
+            raise SystemExit(_cannot_listen(host, metrics_port, "metrics", e)) from None
+    info = runtime.info
+    limits = message_limits(kind, info.vocab_size, info.max_context)
 
     async def main():
-        server, bound = await start_server(add, runtime, host, port)
-        info = runtime.info
+        try:
+            server, bound = await start_server(add, runtime, host, port, tls, limits)
+        except (RuntimeError, OSError) as e:  # gRPC raises RuntimeError when it cannot bind
+            raise SystemExit(_cannot_listen(host, port, "gRPC", e)) from None
         # One parseable line: launchers (tandem up, tests) read the port from it.
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
-              f"forward={runtime.forward_pass.name}", flush=True)
+              f"forward={runtime.forward_pass.name}{' tls=on' if tls else ''} "
+              f"max_request_bytes={limits.receive} max_response_bytes={limits.send}", flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)

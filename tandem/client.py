@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +30,7 @@ from tandem.v1 import generation_pb2_grpc
 from tandem.wire import generation as wire
 
 DEFAULT_ADDRESS = "127.0.0.1:9000"
+API_KEY_ENV = "TANDEM_API_KEY"  # the bearer token, when api_key= is not given
 log = logging.getLogger("tandem.client")
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -182,22 +184,26 @@ def _fold(chunks: list[StreamChunk]) -> GenerationResult:
 
 
 class _Base:
-    def __init__(self, address: str, app_name: str, timeout_s: float, resume_attempts: int) -> None:
+    def __init__(self, address: str, app_name: str, timeout_s: float, resume_attempts: int,
+                 api_key: str | None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.resume_attempts = resume_attempts
-        self._route = (("application", app_name),)  # Ray Serve's gRPC ingress routes on it
+        self._fixed = (("application", app_name),)  # Ray Serve's gRPC ingress routes on it
+        api_key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
+        if api_key:  # the standard gRPC metadata for a bearer token
+            self._fixed += (("authorization", f"Bearer {api_key}"),)
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
-        """Per call: the route, and the caller's current trace context (W3C traceparent) if any,
-        so that tandem's spans join the caller's trace."""
+        """Per call: the route, the bearer token if any, and the caller's current trace context
+        (W3C traceparent) if any, so that tandem's spans join the caller's trace."""
         propagate = _opentelemetry_propagate()
         if propagate is None:
-            return self._route
+            return self._fixed
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
-        return self._route + tuple(carrier.items())
+        return self._fixed + tuple(carrier.items())
 
     def _follow(self, request, session_id: str | None, received: int, timeout_s: float | None) -> _Follow:
         return _Follow(request, session_id, received, timeout_s or self.timeout_s, self.resume_attempts)
@@ -217,12 +223,15 @@ def _opentelemetry_propagate():
 class Client(_Base):
     """Blocking client of a tandem cluster's gRPC ingress. `timeout_s` bounds a whole
     generation, resumes included; `resume_attempts` bounds the resumes in a row that deliver
-    nothing."""
+    nothing. `api_key`: the cluster's bearer token (default: $TANDEM_API_KEY); `credentials`:
+    grpc.ssl_channel_credentials(...) for an ingress behind TLS (default: plain text)."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, app_name: str = "tandem",
-                 timeout_s: float = DEFAULT_TIMEOUT_S, resume_attempts: int = DEFAULT_RESUME_ATTEMPTS) -> None:
-        super().__init__(address, app_name, timeout_s, resume_attempts)
-        self.channel = grpc.insecure_channel(address)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, resume_attempts: int = DEFAULT_RESUME_ATTEMPTS,
+                 api_key: str | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
+        super().__init__(address, app_name, timeout_s, resume_attempts, api_key)
+        self.channel = (grpc.secure_channel(address, credentials) if credentials
+                        else grpc.insecure_channel(address))
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
     def generate(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
@@ -288,9 +297,11 @@ class AsyncClient(_Base):
     """asyncio client of a tandem cluster's gRPC ingress (the same methods as `Client`)."""
 
     def __init__(self, address: str = DEFAULT_ADDRESS, app_name: str = "tandem",
-                 timeout_s: float = DEFAULT_TIMEOUT_S, resume_attempts: int = DEFAULT_RESUME_ATTEMPTS) -> None:
-        super().__init__(address, app_name, timeout_s, resume_attempts)
-        self.channel = grpc.aio.insecure_channel(address)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, resume_attempts: int = DEFAULT_RESUME_ATTEMPTS,
+                 api_key: str | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
+        super().__init__(address, app_name, timeout_s, resume_attempts, api_key)
+        self.channel = (grpc.aio.secure_channel(address, credentials) if credentials
+                        else grpc.aio.insecure_channel(address))
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
     async def generate(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,

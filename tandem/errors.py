@@ -44,6 +44,12 @@ class ResourceExhaustedError(TandemError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class UnauthenticatedError(TandemError, PermissionError):
+    """The cluster wants a bearer token (api_key) and got none, or a wrong one."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class InternalError(TandemError):
     code = grpc.StatusCode.INTERNAL
 
@@ -57,6 +63,7 @@ class AbortedError(TandemError):
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgumentError, OutOfRangeError, FailedPreconditionError, UnavailableError,
     DeadlineExceededError, NotFoundError, ResourceExhaustedError, InternalError, AbortedError,
+    UnauthenticatedError,
 )}
 
 

@@ -7,24 +7,35 @@ Redis keeps an append-only file, so its sessions survive a restart. `tandem up` 
 cluster until a signal; `tandem bench` runs one around its measurements."""
 
 import os
+import secrets
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tandem.ports import port_in_use
+
+if TYPE_CHECKING:
+    from tandem.tls import TLSFiles
 
 SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.1 s
 
 
 def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str,
-                 echo: bool = True, metrics_port: int = 0, port: int = 0) -> tuple[subprocess.Popen, str]:
-    """Start `tandem worker` as a child process; return it and the address it listens on."""
+                 echo: bool = True, metrics_port: int = 0, port: int = 0,
+                 tls: "TLSFiles | None" = None) -> tuple[subprocess.Popen, str]:
+    """Start `tandem worker` as a child process; return it and the address it listens on; with
+    `tls`, it serves mutual TLS only."""
     # --parent-pid: the worker stops when this process is gone, however it went (a SIGKILLed
     # launcher must not leave workers holding their models).
     cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", str(port),
            "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port),
            "--parent-pid", str(os.getpid())]
+    if tls:
+        cmd += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca]
     # An OpenMP thread that spins after its parallel region steals a core from the other
     # worker on a small machine; let idle threads sleep.
     env = {"OMP_WAIT_POLICY": "PASSIVE"} | dict(os.environ)
@@ -109,11 +120,15 @@ class Supervisor:
                 except (RuntimeError, OSError) as e:  # try again at the next round
                     self.say(f"tandem: {child.name} did not restart: {e}")
 
-    def stop(self) -> None:
-        """Stop restarting, then stop every child (a restart under way finishes first)."""
+    def stop_restarting(self) -> None:
+        """Restart nothing from now on (a restart under way finishes first)."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout=60)
+
+    def stop(self) -> None:
+        """Stop restarting, then stop every child."""
+        self.stop_restarting()
         stop_processes([c.proc for c in self._children.values()])
         self._children = {}
 
@@ -127,8 +142,12 @@ class LocalCluster:
                  threads: int = 0, device: str = "cpu", dtype: str = "float32", max_gamma: int = 8,
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
                  draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
-                 options: dict | None = None) -> None:
-        """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...)."""
+                 options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False) -> None:
+        """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...). tls_dir: mutual
+        TLS between the orchestrator and the workers, with the CA and certificates kept there
+        (made by tandem.certs when absent, or when they do not name `host`). metrics_fallback: a
+        worker whose metrics port is taken gets a free one (metrics_ports says which) instead of
+        failing start()."""
         self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.host = grpc_port, host
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
@@ -140,6 +159,9 @@ class LocalCluster:
         self.metrics_ports = {name: metrics_port + i if metrics_port else 0
                               for i, name in enumerate(["orchestrator", *self.names])}
         self.options = options or {}
+        self.metrics_fallback = metrics_fallback
+        self.tls_dir = tls_dir
+        self.tls = None  # {"worker": TLSFiles, "orchestrator": TLSFiles} once started with tls_dir
         self.addresses: dict[str, str] = {}  # worker addresses by name, once started
         self.supervisor = Supervisor(self._say)
         self.redis = None  # the embedded Redis, when no URL was given
@@ -160,11 +182,16 @@ class LocalCluster:
         from tandem.orchestrator.redis_server import EmbeddedRedis, free_port
 
         try:
+            self._check_metrics_ports(free_port)
             if not self.redis_url:
-                self.redis = EmbeddedRedis(appendonly=True)
+                # A password all the same: Redis on loopback is open to every local user otherwise.
+                self.redis = EmbeddedRedis(appendonly=True, password=secrets.token_urlsafe(24))
                 self.redis_url = self.redis.url
                 self.supervisor.add("redis", self.redis.restart, self.redis.process)
-                self._say(f"redis (embedded, append-only file in {self.redis.data_dir}) listening on {self.redis_url}")
+                self._say(f"redis (embedded, append-only file in {self.redis.data_dir}, a password) "
+                          f"listening on {self.redis.safe_url}")
+            if self.tls_dir:
+                self.tls = self._certificates()
             for name in self.names:
                 self.supervisor.add(name, self._worker_starter(name, free_port()))
             has_tokenizer = (Path(self.models["target"]) / "tokenizer_config.json").exists()
@@ -173,7 +200,8 @@ class LocalCluster:
                 target_addresses=tuple(a for n, a in self.addresses.items() if n.startswith("target")),
                 redis_url=self.redis_url, tokenizer=self.models["target"] if has_tokenizer else None,
                 max_gamma=self.max_gamma, metrics_port=self.metrics_ports["orchestrator"],
-                draft_ahead=self.draft_ahead, replicas=self.replicas, **self.options,
+                draft_ahead=self.draft_ahead, replicas=self.replicas, metrics_host=self.host,
+                tls=self.tls["orchestrator"] if self.tls else None, **self.options,
             )
             start_ingress(config, self.grpc_port, host=self.host)
             self.config = config
@@ -183,20 +211,43 @@ class LocalCluster:
             raise
         return self
 
+    def _check_metrics_ports(self, free_port: Callable[[], int]) -> None:
+        """Before anything starts: a metrics port that is taken (another tandem up, say) becomes a
+        free one with metrics_fallback, else a RuntimeError that names it."""
+        for name in self.metrics_ports:
+            port = self.metrics_ports[name]
+            if not port_in_use(self.host, port):
+                continue
+            if not self.metrics_fallback:
+                raise RuntimeError(f"port {port} ({name} metrics) on {self.host} is in use")
+            self.metrics_ports[name] = free_port()
+            self._say(f"tandem: port {port} is in use: {name} serves its metrics on {self.metrics_ports[name]}")
+
     def _worker_starter(self, name: str, port: int) -> Callable[[], subprocess.Popen]:
         """How to start (and restart) worker `name` on `port`."""
         kind = name.split("-")[0]
 
         def start() -> subprocess.Popen:
             proc, self.addresses[name] = spawn_worker(kind, self.models[kind], self.host, self.threads, self.device,
-                                                      self.dtype, self.echo, self.metrics_ports[name], port)
+                                                      self.dtype, self.echo, self.metrics_ports[name], port,
+                                                      tls=self.tls["worker"] if self.tls else None)
             return proc
 
         return start
 
+    def _certificates(self) -> dict:
+        """The workers' and the orchestrator's TLS files in tls_dir, made there when needed."""
+        from tandem.certs import DEFAULT_HOSTS, ensure_certs, orchestrator_files, worker_files
+
+        if ensure_certs(self.tls_dir, [*DEFAULT_HOSTS, self.host]):
+            self._say(f"tandem: made a local CA and certificates for mutual TLS in {self.tls_dir}")
+        return {"worker": worker_files(self.tls_dir), "orchestrator": orchestrator_files(self.tls_dir)}
+
     def stop(self) -> None:
         from tandem.orchestrator.app import stop_ingress
 
+        # First: a Ctrl-C reaches the children too, and a Redis that exits must not be restarted.
+        self.supervisor.stop_restarting()
         if self.config is not None:
             stop_ingress(self.config.app_name)
             self.config = None
@@ -210,7 +261,7 @@ class LocalCluster:
             print(line, flush=True)
 
     def __enter__(self) -> "LocalCluster":
-        return self.start()
+        return self if self.config is not None else self.start()  # started already by start()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -5,8 +5,11 @@ Plain Python and protobuf: the SDK imports it.
 
 from dataclasses import dataclass, field
 
+from google.protobuf.message import DecodeError
+
 from tandem.math.acceptance import verified_tokens
-from tandem.v1 import generation_pb2
+from tandem.v1 import generation_pb2, generation_pb2_grpc
+from tandem.wire.validation import invalid
 
 
 @dataclass
@@ -45,6 +48,8 @@ def cancel_response(cancelled: bool) -> generation_pb2.CancelResponse:
 
 
 def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> GenerationRequest:
+    """The request's fields; a FieldError (INVALID_ARGUMENT) for a message that did not parse."""
+    check_decoded(msg)
     return GenerationRequest(
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,
         temperature=_opt(msg, "temperature"), top_k=_opt(msg, "top_k"), top_p=_opt(msg, "top_p"),
@@ -154,3 +159,109 @@ def response_to_pb(session_id: str, chunks: list[Chunk]) -> generation_pb2.Gener
         token_ids=[t for c in chunks for t in c.token_ids], finish_reason=last.finish_reason,
         stats=stats_to_pb(last.stats or Stats()),
     )
+
+
+# --- requests that do not parse -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Stands in for a request message whose bytes did not parse, so that the servicer answers
+    INVALID_ARGUMENT naming the field rather than gRPC answering UNKNOWN with the parser's text."""
+
+    message_type: str
+    field: str  # the field at fault where it can be told ("prompt": not UTF-8), else "request"
+    reason: str
+
+
+def check_decoded(msg) -> None:
+    """Raise the FieldError an Undecodable stands for; a parsed message passes."""
+    if isinstance(msg, Undecodable):
+        raise invalid(msg.field, f"{msg.reason} (not a valid {msg.message_type})")
+
+
+def _lenient(message_class):
+    """A request deserializer that returns an Undecodable instead of raising."""
+
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError:
+            return _explain(message_class, data)
+
+    return parse
+
+
+def _explain(message_class, data: bytes) -> Undecodable:
+    """Which top-level string field is not UTF-8, when that is what failed."""
+    name = message_class.DESCRIPTOR.full_name
+    strings = {f.number: f.name for f in message_class.DESCRIPTOR.fields if f.type == f.TYPE_STRING}
+    try:
+        for number, value in _length_delimited(data):
+            if number in strings:
+                try:
+                    value.decode("utf-8")
+                except UnicodeDecodeError:
+                    return Undecodable(name, strings[number], "is not valid UTF-8")
+    except ValueError:
+        pass
+    return Undecodable(name, "request", "the message does not parse")
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if byte < 0x80:
+            return value, i
+
+
+def _length_delimited(data: bytes):
+    """(field number, bytes) of each length-delimited top-level field; ValueError on garbage."""
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            _, i = _varint(data, i)
+        elif wire_type in (1, 5):
+            i += 8 if wire_type == 1 else 4
+        elif wire_type == 2:
+            size, i = _varint(data, i)
+            yield number, data[i:i + size]
+            i += size
+        else:
+            raise ValueError(f"wire type {wire_type}")
+
+
+class _LenientServer:
+    """What add_GenerationServicer_to_server registers on, with lenient request deserializers."""
+
+    def __init__(self, server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        for handler in handlers:
+            handler._method_handlers = {name: _leniently(h) for name, h in handler._method_handlers.items()}
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, method_handlers: dict) -> None:
+        self._server.add_registered_method_handlers(
+            service, {name: _leniently(h) for name, h in method_handlers.items()})
+
+
+def _leniently(handler):
+    message_class = getattr(handler.request_deserializer, "__self__", None)  # GenerateRequest.FromString's class
+    if not isinstance(message_class, type):
+        return handler
+    return handler._replace(request_deserializer=_lenient(message_class))
+
+
+def add_generation_servicer(servicer, server) -> None:
+    """generation_pb2_grpc.add_GenerationServicer_to_server, with requests that do not parse
+    handed to the servicer as Undecodable (Ray Serve's gRPC proxy parses them, in its process)."""
+    generation_pb2_grpc.add_GenerationServicer_to_server(servicer, _LenientServer(server))

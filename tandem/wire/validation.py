@@ -4,7 +4,6 @@ Each failure names its field and carries the gRPC status to answer with, so that
 becomes a clear error and never a crash.
 """
 
-import math
 
 import grpc
 
@@ -30,9 +29,15 @@ def out_of_range(field: str, message: str) -> FieldError:
     return FieldError(grpc.StatusCode.OUT_OF_RANGE, field, message)
 
 
+# A sampling temperature is 0 (greedy) or in this range: logits / T must stay finite in float32
+# (T = 1e-45 overflowed to NaN probabilities), and above the range every distribution is uniform.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
+
+
 def check_sampling(temperature: float, top_k: int, top_p: float, prefix: str = "") -> None:
-    if not math.isfinite(temperature) or temperature < 0:
-        raise invalid(prefix + "temperature", f"must be finite and >= 0, got {temperature}")
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):  # also refuses NaN
+        raise invalid(prefix + "temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
+                      f"got {temperature}")
     if top_k < 0:
         raise invalid(prefix + "top_k", f"must be >= 0, got {top_k}")
     if not (0 < top_p <= 1):  # also refuses NaN

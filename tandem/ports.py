@@ -1,0 +1,32 @@
+"""Whether a TCP port is free to listen on, asked before a server binds it: a taken port then
+gives one line that names it, instead of a library's traceback (gRPC's, http.server's)."""
+
+import errno
+import socket
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on port at an address host resolves to (port 0,
+    "any free port", is never in use; a host that does not resolve is left to the server's
+    own bind to report)."""
+    if not port:
+        return False
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return False
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            # As gRPC and http.server bind: a port whose old connections linger in TIME_WAIT is free.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def port_in_use_line(program: str, port: int, what: str, host: str) -> str:
+    """The one line a program exits with when port (for `what`: gRPC, metrics) is taken."""
+    return f"{program}: port {port} ({what}) on {host} is in use"
