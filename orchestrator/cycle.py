@@ -357,8 +357,13 @@ def _then(miss: Reply, retry: Reply) -> Reply:
 
 
 def _transport(reply: Reply | None) -> float:
-    """A worker call's wall time less its compute: serialization, gRPC, scheduling."""
-    return max(0.0, reply.wall_ms - reply.answer.compute_ms) if reply else 0.0
+    """A worker call's wall time less its compute and its wait: serialization, gRPC, scheduling."""
+    return max(0.0, reply.wall_ms - reply.answer.compute_ms - _wait(reply)) if reply else 0.0
+
+
+def _wait(reply: Reply | None) -> float:
+    """How long a worker call waited while its worker ran other sessions' work."""
+    return reply.answer.batching.wait_ms if reply else 0.0
 
 
 def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted: int, output: int,
@@ -370,6 +375,7 @@ def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted:
         gamma=gamma, accepted=accepted, output_tokens=output, start_ms=(began - s.started) * 1e3,
         draft_ms=draft.answer.compute_ms if draft else 0.0, verify_ms=verify.answer.compute_ms,
         transport_ms=_transport(draft) + _transport(verify),
+        wait_ms=_wait(draft) + _wait(verify),
         orchestration_ms=max(0.0, total - draft_wall - verify.wall_ms),
         wire_bytes=(draft.wire_bytes if draft else 0) + verify.wire_bytes + (ahead.wire_bytes if ahead else 0),
         drafted_ahead=call.drafted_ahead,
@@ -389,4 +395,6 @@ def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
         drafted_ahead=c.drafted_ahead,
         draft_fed=draft.fed if draft else 0,
         verify_fed=verify.fed,
+        draft_batching=draft.answer.batching if draft else None,
+        verify_batching=verify.answer.batching,
     )

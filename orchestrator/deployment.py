@@ -277,7 +277,7 @@ class GenerationService:
             _refuse(grpc_context, span, e)
             raise
         finally:
-            if session.policy.n:
+            if session.policy.verify_pass.n:
                 self._policy_template = session.policy
             await self._end(session, ended, here)
             _conclude(span, session)

@@ -1,15 +1,29 @@
 """The adaptive γ policy: a pure, serializable object (its state lives in Redis).
 
-It picks γ in [0, γ_max] to maximize expected tokens per second,
+It picks γ in [0, γ_max] to maximize expected tokens per millisecond of the cluster's time,
 
     S(γ) = E[tokens | α, γ] / (draft(γ) + verify(γ) + overhead),
 
 with E[tokens | α, γ] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1), α the
-session's running acceptance estimate, and every cost measured as the session runs:
-draft(γ) = γ · draft compute per token + draft transport; verify(γ) = a fitted
-intercept + slope · (γ + 1) of verify compute, plus verify transport; overhead = Redis and
-orchestration. γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one
-cycle drafts anyway, so a stale α can recover.
+session's running acceptance estimate, and every cost measured as the session runs. γ = 0 is
+plain target decoding; while it wins, every `probe_every` cycles one cycle drafts anyway, so a
+stale α can recover.
+
+The load. The workers batch: one forward pass runs the steps of every session waiting for it,
+and costs about intercept + slope · (its tokens, all sessions'). The workers say, per call, which
+passes it ran in (tandem.wire.worker.Batching); the policy fits that line per worker, and
+charges the session its share of a pass: intercept / (sessions in the pass) + slope · (its own
+tokens). Summed over the sessions of a pass the shares are the pass, so a session that
+maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense:
+
+    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft transport  (γ > 0)
+    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify transport
+
+Alone (one session per pass) this is the session's own speed. With many sessions the
+intercepts are shared and only the per-token slopes stay whole: drafting pays when the draft's
+tokens are accepted often enough to beat what verifying them costs everyone. Time a call waited
+for passes of other sessions is nobody's cost here (the others' shares count it) and is left out
+of transport.
 
 Worker costs are learned from steady cycles only. A call that feeds a worker more committed
 tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
@@ -17,10 +31,11 @@ draft catching up on the tokens of γ = 0 cycles) costs what no steady cycle wil
 drafted token, a probe's catch-up made drafting look dear and kept sessions at γ = 0.
 """
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from tandem.math.acceptance import verified_tokens
 from tandem.math.analytic import expected_tokens
+from tandem.wire.worker import Batching
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
@@ -42,6 +57,33 @@ class CycleCosts:
     drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
     draft_fed: int = 1  # committed tokens each call fed its worker besides the block
     verify_fed: int = 1
+    # The passes each call ran in; None (or no passes) means alone, one pass per step.
+    draft_batching: Batching | None = None
+    verify_batching: Batching | None = None
+
+
+@dataclass
+class LinearFit:
+    """Decayed least squares of y = intercept + slope · x, kept where a pass's cost can be: the
+    slope is never negative and the intercept never below zero."""
+
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float, decay: float) -> None:
+        self.n, self.sx, self.sy = decay * self.n + 1, decay * self.sx + x, decay * self.sy + y
+        self.sxx, self.sxy = decay * self.sxx + x * x, decay * self.sxy + x * y
+
+    def line(self) -> tuple[float, float]:
+        """(intercept, slope); a flat line through the mean while x has not varied."""
+        mean_x, mean_y = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mean_x**2
+        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / var) if var > 1e-6 else 0.0
+        slope = min(slope, mean_y / mean_x)  # a pass never costs less than nothing at x = 0
+        return mean_y - slope * mean_x, slope
 
 
 @dataclass
@@ -55,17 +97,15 @@ class GammaPolicy:
     # Decayed acceptance evidence.
     accepted: float = 0.0
     verified: float = 0.0
-    # Exponentially weighted cost estimates; negative means not measured yet.
-    draft_ms_per_token: float = -1.0
+    # Exponentially weighted estimates; negative means not measured yet.
     draft_transport_ms: float = -1.0
     verify_transport_ms: float = -1.0
     overhead_ms: float = -1.0
-    # Decayed least squares of verify compute against tokens verified (γ + 1).
-    n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
+    draft_sessions: float = -1.0  # sessions per draft pass
+    verify_sessions: float = -1.0  # sessions per verify pass
+    # Each worker's cost of one pass against the tokens it ran (every session's).
+    draft_pass: LinearFit = field(default_factory=LinearFit)
+    verify_pass: LinearFit = field(default_factory=LinearFit)
     zero_streak: int = 0
 
     @property
@@ -73,15 +113,18 @@ class GammaPolicy:
         a = (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
         return min(a, 0.999)
 
+    def draft_ms_per_token(self) -> float:
+        """This session's share of one draft step."""
+        intercept, slope = self.draft_pass.line()
+        return intercept / max(self.draft_sessions, 1.0) + slope
+
     def verify_ms(self, gamma: int) -> float:
-        mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mean_x**2
-        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / var) if var > 1e-6 else 0.0
-        slope = min(slope, mean_y / mean_x)  # a pass never costs less than nothing at x = 0
-        return mean_y + slope * (gamma + 1 - mean_x)
+        """This session's share of the verify pass of a γ-token block."""
+        intercept, slope = self.verify_pass.line()
+        return intercept / max(self.verify_sessions, 1.0) + slope * (gamma + 1)
 
     def cycle_ms(self, gamma: int) -> float:
-        draft = gamma * self.draft_ms_per_token + self.draft_transport_ms if gamma else 0.0
+        draft = gamma * self.draft_ms_per_token() + self.draft_transport_ms if gamma else 0.0
         return draft + self.verify_ms(gamma) + self.verify_transport_ms + self.overhead_ms
 
     def tokens_per_ms(self, gamma: int) -> float:
@@ -90,7 +133,7 @@ class GammaPolicy:
     def choose(self, limit: int | None = None) -> int:
         """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1)."""
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
-        if self.draft_ms_per_token < 0 or self.n == 0:
+        if self.draft_pass.n == 0 or self.verify_pass.n == 0:
             return min(self.initial_gamma, top)
         gamma = max(range(top + 1), key=lambda g: (self.tokens_per_ms(g), -g))
         if gamma == 0 and top > 0 and self.zero_streak + 1 >= self.probe_every:
@@ -104,15 +147,18 @@ class GammaPolicy:
             self.accepted = self.decay * self.accepted + c.accepted
             self.verified = self.decay * self.verified + verified_tokens(c.accepted, c.gamma)
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
-            self.draft_ms_per_token = self._ewma(self.draft_ms_per_token, c.draft_compute_ms / c.gamma)
+            # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
+            passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
+            self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
+            self.draft_pass.add(passes.tokens / passes.passes, c.draft_compute_ms / passes.passes, self.decay)
             self.draft_transport_ms = self._ewma(self.draft_transport_ms, c.draft_transport_ms)
         self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
         if c.verify_fed > STEADY_VERIFY_FED:
             return
+        passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
+        self.verify_sessions = self._ewma(self.verify_sessions, passes.sessions / passes.passes)
+        self.verify_pass.add(passes.tokens / passes.passes, c.verify_compute_ms / passes.passes, self.decay)
         self.verify_transport_ms = self._ewma(self.verify_transport_ms, c.verify_transport_ms)
-        x, y, d = c.gamma + 1.0, c.verify_compute_ms, self.decay
-        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + x, d * self.sy + y
-        self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * y
 
     def _ewma(self, old: float, new: float) -> float:
         return new if old < 0 else self.decay * old + (1 - self.decay) * new
@@ -123,8 +169,19 @@ class GammaPolicy:
     @classmethod
     def from_dict(cls, state: dict) -> "GammaPolicy":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in state.items() if k in names})
+        kwargs = {k: v for k, v in state.items() if k in names}
+        for fit in ("draft_pass", "verify_pass"):
+            if isinstance(kwargs.get(fit), dict):
+                kwargs[fit] = LinearFit(**kwargs[fit])
+        return cls(**kwargs)
 
     def with_fresh_acceptance(self) -> "GammaPolicy":
         """A copy that keeps the measured costs but forgets acceptance (for a new session)."""
         return GammaPolicy.from_dict(self.to_dict() | {"accepted": 0.0, "verified": 0.0, "zero_streak": 0})
+
+
+def _passes(reported: Batching | None, passes: int, tokens: int) -> Batching:
+    """The passes a call ran in, as its worker reported them, or as they are alone."""
+    if reported and reported.passes:
+        return reported
+    return Batching(passes, tokens, passes)

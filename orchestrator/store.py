@@ -5,8 +5,10 @@ Per session three keys, all with a TTL:
   assignment and the workers' cache lengths, status, owner, creation time, TTFT;
 - `tandem:session:{id}:tokens` (string): the committed sequence, prompt first, as
   little-endian int32, only ever APPENDed;
-- `tandem:session:{id}:cycles` (string): each committed cycle's counts and time split, packed,
-  only ever APPENDed (a resumed session's stats cover the whole generation).
+- `tandem:session:{id}:cycle_stats` (string): each committed cycle's counts and time split,
+  packed, only ever APPENDed (a resumed session's stats cover the whole generation). Versions
+  before the wait split kept 12 fields under `:cycles`; a session resumed across that upgrade
+  reports the cycles after it.
 
 A session has one writer at a time. Each cycle commits in one server-side script, before the
 client sees its tokens, and only if the writer still owns the session (`owner`, which a
@@ -46,8 +48,8 @@ from tandem.wire.generation import CycleStats
 FINISHED = ("stop", "length")  # statuses of a session that has generated all it will
 # One CycleStats, in its field order: gamma, accepted, output tokens, start, the six time
 # parts (draft, verify, transport, redis, orchestration as float64 ms), wire bytes, drafted
-# ahead, ahead ms.
-_CYCLE = struct.Struct("<3I6dI?d")
+# ahead, ahead ms, wait ms.
+_CYCLE = struct.Struct("<3I6dI?2d")
 
 
 def check_redis_url(url: str) -> None:
@@ -68,7 +70,7 @@ def check_redis_url(url: str) -> None:
 
 def _keys(session_id: str) -> list[str]:
     meta = f"tandem:session:{session_id}"
-    return [meta, f"{meta}:tokens", f"{meta}:cycles"]
+    return [meta, f"{meta}:tokens", f"{meta}:cycle_stats"]
 
 
 # KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, then

@@ -6,8 +6,9 @@ from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniform
 from tandem.math.sampling import sample, warp
 from tandem.services import distributions
+from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.limits import MAX_GAMMA
-from tandem.services.runtime import ModelRuntime
+from tandem.services.runtime import ModelRuntime, Step
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -15,16 +16,16 @@ from tandem.wire.validation import check_context, invalid
 
 
 def propose(
-    runtime: ModelRuntime, session_id: str, cache_len: int, tokens: list[int], gamma: int,
-    params: SamplingParams,
-) -> wire.Proposal:
-    """Draft gamma tokens after the committed sequence. Raises CacheMiss.
+    session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
+) -> Job:
+    """The job (tandem.services.batching) that drafts gamma tokens after the committed
+    sequence, one step per drafted token → a Proposal. Raises CacheMiss.
 
     The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
     drafted token is never fed: the verifier may reject it).
     """
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = runtime.extend(session_id, cache_len, tokens, keep=1)[0]  # [V]
+    logits = (yield Step(session_id, cache_len, tokens, keep=1))[0]  # [V]
     drafted, token_probs, dists = [], [], []
     for i in range(gamma):
         if params.greedy:  # warp's one-hot and its draw, without vocabulary-sized work
@@ -37,7 +38,7 @@ def propose(
         drafted.append(token)
         token_probs.append(prob)
         if i + 1 < gamma:
-            logits = runtime.extend(session_id, position + i, [token])[-1]
+            logits = (yield Step(session_id, position + i, [token], keep=1))[0]
     # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.
     packed = [] if params.greedy else distributions.pack(torch.stack(dists))
     return wire.Proposal(drafted, token_probs, packed, 0.0)
@@ -55,10 +56,8 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             check_context("gamma", end, self.runtime.info.max_context)
             params = self.check_sampling(request.sampling)
             probs = 0 if params.greedy else request.gamma * self.runtime.info.vocab_size
-            return await self.compute(
-                propose, request.session_id, request.cache_len, list(request.tokens),
-                request.gamma, params, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS,
-            )
+            job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params)
+            return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
 
         return await self.answer(context, "Propose", request, work, wire.propose_response)
 
@@ -70,5 +69,5 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             yield response
 
 
-def add_to_server(runtime: ModelRuntime, server) -> None:
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(DraftWorkerServicer(runtime), server)
+def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+    worker_pb2_grpc.add_DraftWorkerServicer_to_server(DraftWorkerServicer(runtime, max_batch_tokens), server)

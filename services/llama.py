@@ -13,6 +13,9 @@ Logits agree to ~1e-5 (tests/test_llama_pass.py), and greedy outputs match.
 Models this pass does not cover exactly (`unsupported` says why) run through Hugging Face.
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -67,10 +70,22 @@ class KVBuffer:
         self.data = grown
 
 
+@dataclass
+class Feed:
+    """One session's part of a forward pass: tokens at positions start.. over the first `start`
+    positions of its cache; logits wanted for the last `keep`."""
+
+    cache: Any  # the pass's: a KVBuffer, or a DynamicCache for Hugging Face's
+    start: int
+    tokens: list[int]
+    keep: int
+
+
 class LlamaPass:
     """The forward pass of one Llama model. Check `unsupported(model)` first."""
 
     name = "llama"
+    batched = True  # forward_batch runs all feeds in one pass
 
     def __init__(self, model: torch.nn.Module, column_major: bool) -> None:
         c = model.config
@@ -112,27 +127,48 @@ class LlamaPass:
     def forward(self, cache: KVBuffer, start: int, tokens: list[int], keep: int) -> torch.Tensor:
         """Run tokens at positions start.. over the cache's first `start` positions, writing
         theirs → logits [keep, V] of the last `keep` tokens. Call under inference_mode."""
-        n, end = len(tokens), start + len(tokens)
-        cache.reserve(end, held=start)
-        cos, sin = self._rope(start, end)  # [n, d] each
-        # Query i sees keys 0..start+i; a single query needs no mask.
-        mask = None if n == 1 else torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        x = self.embed[torch.tensor(tokens, device=self.device)]  # [n, H]
-        for layer, kv in zip(self.layers, cache.data):
-            x = x + self._attention(layer, self._rms_norm(x, layer["attn_norm"]), kv, start, end, cos, sin, mask)
+        return self.forward_batch([Feed(cache, start, tokens, keep)])[0]
+
+    def forward_batch(self, feeds: list["Feed"]) -> list[torch.Tensor]:
+        """One pass for several sessions: their new tokens concatenated into one [T, H] input for
+        the projections and MLPs (T = all their tokens), attention per session against its own
+        cache → each feed's logits [keep, V]. Call under inference_mode."""
+        lengths = [len(f.tokens) for f in feeds]
+        spans = []  # per feed: (rope cos, rope sin, causal mask or None)
+        for f, n in zip(feeds, lengths):
+            f.cache.reserve(f.start + n, held=f.start)
+            # Query i sees keys 0..start+i; a single query needs no mask.
+            mask = None if n == 1 else torch.ones(n, f.start + n, dtype=torch.bool, device=self.device).tril(f.start)
+            spans.append((*self._rope(f.start, f.start + n), mask))
+        tokens = [t for f in feeds for t in f.tokens]
+        x = self.embed[torch.tensor(tokens, device=self.device)]  # [T, H]
+        for index, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer["attn_norm"])
+            x = x + self._attention(layer, h, [(f.cache.data[index], f.start) for f in feeds], lengths, spans)
             gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).split(self.intermediate, -1)
             x = x + F.linear(F.silu(gate) * up, layer["down"])
-        return F.linear(self._rms_norm(x[n - keep:], self.norm), self.head)  # [keep, V]
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        last = [x[end - f.keep:end] for f, end in zip(feeds, ends)]
+        last = last[0] if len(feeds) == 1 else torch.cat(last)  # [K, H], K = the keeps' sum
+        logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V]
+        return list(logits.split([f.keep for f in feeds]))
 
-    def _attention(self, layer, h, kv, start, end, cos, sin, mask) -> torch.Tensor:
-        n, d = h.shape[0], self.head_dim
-        q, k, v = F.linear(h, layer["qkv"]).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
-        q = _rotate(q.view(n, self.heads, d).transpose(0, 1), cos, sin)  # [h, n, d]
-        kv[0, :, start:end] = _rotate(k.view(n, self.kv_heads, d).transpose(0, 1), cos, sin)  # [kv, n, d]
-        kv[1, :, start:end] = v.view(n, self.kv_heads, d).transpose(0, 1)
-        out = F.scaled_dot_product_attention(q[None], kv[0, None, :, :end], kv[1, None, :, :end],
-                                             attn_mask=mask, enable_gqa=True)  # [1, h, n, d]
-        return F.linear(out[0].transpose(0, 1).reshape(n, self.heads * d), layer["o"])
+    def _attention(self, layer, h, caches, lengths, spans) -> torch.Tensor:
+        """h [T, H] → attention output [T, H]; caches: per feed, (its layer's [2, kv, capacity, d]
+        buffer, its start)."""
+        d = self.head_dim
+        qkv = F.linear(h, layer["qkv"])  # [T, (h+2kv)·d]
+        outs = []
+        for part, (kv, start), n, (cos, sin, mask) in zip(qkv.split(lengths), caches, lengths, spans):
+            q, k, v = part.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+            end = start + n
+            q = _rotate(q.view(n, self.heads, d).transpose(0, 1), cos, sin)  # [h, n, d]
+            kv[0, :, start:end] = _rotate(k.view(n, self.kv_heads, d).transpose(0, 1), cos, sin)  # [kv, n, d]
+            kv[1, :, start:end] = v.view(n, self.kv_heads, d).transpose(0, 1)
+            out = F.scaled_dot_product_attention(q[None], kv[0, None, :, :end], kv[1, None, :, :end],
+                                                 attn_mask=mask, enable_gqa=True)  # [1, h, n, d]
+            outs.append(out[0].transpose(0, 1).reshape(n, self.heads * d))
+        return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), layer["o"])  # [T, H]
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:

@@ -1,5 +1,5 @@
 """A worker's Prometheus metrics: live sessions, KV-cache memory, compute time and cache
-misses per RPC. Served over HTTP by `serve(port, runtime)`."""
+misses per RPC, sessions and tokens per forward pass. Served over HTTP by `serve(port, runtime)`."""
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -13,6 +13,11 @@ compute = Histogram("tandem:worker_compute_seconds", "Model and sampling time pe
                     registry=REGISTRY)
 cache_misses = Counter("tandem:worker_cache_misses", "Calls for a session the worker did not hold "
                        "(the caller re-sends the whole sequence).", ["rpc"], registry=REGISTRY)
+
+batch_sessions = Histogram("tandem:worker_batch_sessions", "Sessions whose steps shared one forward pass.",
+                           buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=REGISTRY)
+batch_tokens = Histogram("tandem:worker_batch_tokens", "Tokens one forward pass ran, all sessions together.",
+                         buckets=(1, 4, 16, 64, 128, 256, 512, 1024, 4096), registry=REGISTRY)
 
 
 def serve(port: int, runtime, host: str = "127.0.0.1") -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from tandem.services.llama import LlamaPass, to_column_major, unsupported
+from tandem.services.llama import Feed, LlamaPass, to_column_major, unsupported
 from tandem.wire.worker import ModelInfo
 
 log = logging.getLogger("tandem.worker")
@@ -35,6 +35,17 @@ class CacheMiss(Exception):
     """The runtime holds fewer tokens of the session than the caller believes."""
 
 
+@dataclass(frozen=True)
+class Step:
+    """What a job asks of the model: run `tokens` after the session's first cache_len tokens and
+    give back the logits of the last `keep` (0: all)."""
+
+    session_id: str
+    cache_len: int
+    tokens: list[int]
+    keep: int = 0
+
+
 def eos_token_ids(config) -> tuple[int, ...]:
     """A config's (or generation config's) EOS ids as a tuple; HF allows an int or a list."""
     eos = getattr(config, "eos_token_id", None)
@@ -47,6 +58,7 @@ class HFPass:
     """Any causal LM through Hugging Face's forward pass, with a DynamicCache per session."""
 
     name = "hf"
+    batched = False  # forward_batch runs its feeds one after another
 
     def __init__(self, model: torch.nn.Module, column_major: bool) -> None:
         self.model = model
@@ -64,6 +76,11 @@ class HFPass:
         # logits_to_keep: a prefill needs no vocabulary projection of the prompt.
         out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[0]  # [keep, V]
+
+    def forward_batch(self, feeds: list[Feed]) -> list[torch.Tensor]:
+        """Each feed through its own forward: Hugging Face's caches of different lengths do not
+        share a pass without padding every one of them."""
+        return [self.forward(f.cache, f.start, f.tokens, f.keep) for f in feeds]
 
     @staticmethod
     def cache_nbytes(cache: DynamicCache) -> int:
@@ -127,19 +144,41 @@ class ModelRuntime:
 
         Raises CacheMiss when the runtime holds fewer than cache_len tokens of the session.
         """
-        session = self._checkout(session_id, cache_len, len(tokens))
+        result = self.extend_batch([Step(session_id, cache_len, tokens, keep)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def extend_batch(self, steps: list["Step"]) -> list[torch.Tensor | CacheMiss]:
+        """extend() for several sessions (one step each) in one forward pass → per step, its
+        logits or the CacheMiss it got; a miss leaves the other steps alone. An error of the
+        pass itself is raised."""
+        results: list = [None] * len(steps)
+        runnable = []  # (index, step, session)
+        for i, step in enumerate(steps):
+            try:
+                runnable.append((i, step, self._checkout(step.session_id, step.cache_len, len(step.tokens))))
+            except CacheMiss as e:
+                results[i] = e
+        if not runnable:
+            return results
+        feeds = [Feed(session.cache, step.cache_len, step.tokens, step.keep or len(step.tokens))
+                 for _, step, session in runnable]
         try:
             with torch.inference_mode():
-                logits = self.forward_pass.forward(session.cache, cache_len, tokens, keep or len(tokens))
+                logits = self.forward_pass.forward_batch(feeds)
         except BaseException:
-            # A failed pass may have extended some layers and not others: forget the session,
-            # so that the caller's retry is a clean CacheMiss and re-prefills.
-            self.release(session_id)
+            # A failed pass may have extended some layers and not others: forget its sessions,
+            # so that the callers' retries are clean CacheMisses and re-prefill.
+            for _, step, _ in runnable:
+                self.release(step.session_id)
             raise
-        session.length = cache_len + len(tokens)
-        session.nbytes = self.forward_pass.cache_nbytes(session.cache)
-        self._evict(keep=session_id)
-        return logits
+        for (i, step, session), out in zip(runnable, logits):
+            session.length = step.cache_len + len(step.tokens)
+            session.nbytes = self.forward_pass.cache_nbytes(session.cache)
+            results[i] = out
+        self._evict(keep={step.session_id for step in steps})
+        return results
 
     def release(self, session_id: str) -> bool:
         with self._lock:
@@ -156,11 +195,13 @@ class ModelRuntime:
             self._sessions.move_to_end(session_id)
             return session
 
-    def _evict(self, keep: str) -> None:
+    def _evict(self, keep: set[str]) -> None:
+        """Drop least-recently-used sessions while over the memory bound, never those in `keep`
+        (the pass that just ran)."""
         with self._lock:
-            while self.cache_bytes > self.max_cache_bytes and len(self._sessions) > 1:
+            while self.cache_bytes > self.max_cache_bytes:
                 oldest = next(iter(self._sessions))
-                if oldest == keep:
+                if oldest in keep:
                     break
                 del self._sessions[oldest]
 

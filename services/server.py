@@ -2,11 +2,10 @@
 grpc.aio server with standard health checking."""
 
 import asyncio
+import functools
 import logging
 import os
 import signal
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -17,6 +16,7 @@ from tandem import tracing
 from tandem.math.params import SamplingParams
 from tandem.ports import port_in_use, port_in_use_line
 from tandem.services import memory, metrics
+from tandem.services.batching import DEFAULT_BATCH_TOKENS, Batcher, Job
 from tandem.services.limits import MessageLimits, any_worker_limits, message_limits
 from tandem.services.runtime import CacheMiss, ModelRuntime
 from tandem.tls import TLSFiles, server_credentials
@@ -110,11 +110,11 @@ class WorkerServicer:
 
     service = ""  # the gRPC service's full name, e.g. "tandem.v1.DraftWorker"
 
-    def __init__(self, runtime: ModelRuntime) -> None:
+    def __init__(self, runtime: ModelRuntime, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
         self.runtime = runtime
-        # One thread owns the model: calls from all sessions run in order, never concurrently.
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-        self.queued = 0  # compute calls waiting for the model thread or running on it
+        # One thread owns the model and runs the work of all sessions in shared passes.
+        self.batcher = Batcher(runtime, max_batch_tokens)
+        self.queued = 0  # jobs waiting for the model thread or running on it
         self._trim_pending = False
 
     def check_sequence(self, session_id: str, cache_len: int, tokens) -> None:
@@ -130,23 +130,16 @@ class WorkerServicer:
         check_sampling(params.temperature, params.top_k, params.top_p, prefix="sampling.")
         return params
 
-    async def compute(self, fn, *args, large: bool = False):
-        """Run fn(runtime, *args) on the model thread; None on a cache miss, with compute_ms set.
-        large: the call allocates much (a long prefill, vocabulary-sized distributions), so the
-        heap it freed is returned to the system afterwards (trim_soon)."""
-
-        def run():
-            start = time.perf_counter()
-            try:
-                result = fn(self.runtime, *args)
-            except CacheMiss:
-                return None
-            result.compute_ms = (time.perf_counter() - start) * 1e3
-            return result
-
+    async def compute(self, job: Job, large: bool = False):
+        """Run a job (tandem.services.batching) on the model thread, batched with other
+        sessions' → its answer with compute_ms set, or None on a cache miss. large: the job
+        allocates much (a long prefill, vocabulary-sized distributions), so the heap it freed is
+        returned to the system afterwards (trim_soon)."""
         self.queued += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._model_thread, run)
+            return await asyncio.wrap_future(self.batcher.submit(job))
+        except CacheMiss:
+            return None
         finally:
             self.queued -= 1
             if large:
@@ -165,7 +158,7 @@ class WorkerServicer:
             self._trim_pending = False
             memory.trim()
 
-        asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._model_thread.submit, trim)
+        asyncio.get_running_loop().call_later(TRIM_DELAY_S, self.batcher.submit, trim)
 
     async def answer(self, context, rpc: str, request, work, encode):
         """Await work() in a server span (child of the caller's, from the metadata) → encode(its
@@ -203,9 +196,8 @@ class WorkerServicer:
     async def Release(self, request, context):
         async def work():
             check_session_id(request.session_id)
-            return await asyncio.get_running_loop().run_in_executor(
-                self._model_thread, self.runtime.release, request.session_id
-            )
+            session_id = request.session_id
+            return await asyncio.wrap_future(self.batcher.submit(lambda: self.runtime.release(session_id)))
 
         return await self.answer(context, "Release", request, work, wire.release_response)
 
@@ -274,10 +266,12 @@ def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
     metrics_port: int = 0, parent_pid: int = 0, tls: TLSFiles | None = None,
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
 ) -> None:
     """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM, with
     Prometheus metrics on metrics_port (0: none); with parent_pid, also until the process of
     that pid is no longer this one's parent. With `tls`, mutual TLS only (tandem.tls).
+    max_batch_tokens: the tokens one forward pass takes from all sessions' waiting work.
     Exits with one line (SystemExit) when it cannot listen on a port."""
     _check_ports(host, port, metrics_port)  # before the model loads: a taken port fails at once
     memory.one_arena()  # before gRPC and torch start their threads
@@ -287,7 +281,8 @@ def run_worker(
 
     if threads:
         torch.set_num_threads(threads)
-    add = {"draft": draft_worker.add_to_server, "target": target_verifier.add_to_server}[kind]
+    add = functools.partial({"draft": draft_worker.add_to_server, "target": target_verifier.add_to_server}[kind],
+                            max_batch_tokens=max_batch_tokens)
     tracing.setup({"draft": "tandem-draft-worker", "target": "tandem-target-verifier"}[kind])
     runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
     if metrics_port:
@@ -303,10 +298,13 @@ def run_worker(
             server, bound = await start_server(add, runtime, host, port, tls, limits)
         except (RuntimeError, OSError) as e:  # gRPC raises RuntimeError when it cannot bind
             raise SystemExit(_cannot_listen(host, port, "gRPC", e)) from None
-        # One parseable line: launchers (tandem up, tests) read the port from it.
+        # One parseable line: launchers (tandem up, tests) read the port from it. batching=pass:
+        # all sessions' steps share one forward pass; sequential: one pass each, in turn.
+        batching = "pass" if runtime.forward_pass.batched else "sequential"
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
-              f"forward={runtime.forward_pass.name}{' tls=on' if tls else ''} "
+              f"forward={runtime.forward_pass.name} batching={batching} max_batch_tokens={max_batch_tokens}"
+              f"{' tls=on' if tls else ''} "
               f"max_request_bytes={limits.receive} max_response_bytes={limits.send}", flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

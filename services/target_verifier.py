@@ -6,8 +6,9 @@ from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniform, uniforms
 from tandem.math.sampling import verify_block, verify_greedy, warp
 from tandem.services import distributions
+from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.limits import MAX_GAMMA
-from tandem.services.runtime import ModelRuntime
+from tandem.services.runtime import ModelRuntime, Step
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -15,17 +16,18 @@ from tandem.wire.validation import check_context, check_token_ids, invalid
 
 
 def verify(
-    runtime: ModelRuntime, session_id: str, cache_len: int, tokens: list[int],
-    draft_tokens: list[int], draft_probs: torch.Tensor | None, params: SamplingParams,
-) -> wire.Verification:
-    """Check a draft block. draft_probs [γ, V], or None for one-hot drafts. Raises CacheMiss.
+    session_id: str, cache_len: int, tokens: list[int], draft_tokens: list[int],
+    draft_probs: torch.Tensor | None, params: SamplingParams,
+) -> Job:
+    """The job (tandem.services.batching) that checks a draft block in one step → a
+    Verification. draft_probs [γ, V], or None for one-hot drafts. Raises CacheMiss.
 
     The cache ends holding the committed tokens and the whole draft block; the orchestrator's
     next cache_len crops the rejected part away.
     """
     gamma = len(draft_tokens)
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = runtime.extend(session_id, cache_len, tokens + draft_tokens, keep=gamma + 1)  # [γ+1, V]
+    logits = yield Step(session_id, cache_len, tokens + draft_tokens, keep=gamma + 1)  # [γ+1, V]
     drafts = torch.tensor(draft_tokens, dtype=torch.long)  # [γ]
     if params.greedy:
         verdict = verify_greedy(logits, drafts)
@@ -68,11 +70,9 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             elif request.draft_tokens and not params.greedy:
                 raise invalid("draft_distributions", "required when sampling (temperature > 0)")
             probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
-            return await self.compute(
-                verify, request.session_id, request.cache_len, list(request.tokens),
-                list(request.draft_tokens), draft_probs, params,
-                large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS,
-            )
+            job = verify(request.session_id, request.cache_len, list(request.tokens), list(request.draft_tokens),
+                         draft_probs, params)
+            return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
 
         return await self.answer(context, "Verify", request, work, wire.verify_response)
 
@@ -84,5 +84,5 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             yield response
 
 
-def add_to_server(runtime: ModelRuntime, server) -> None:
-    worker_pb2_grpc.add_TargetVerifierServicer_to_server(TargetVerifierServicer(runtime), server)
+def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+    worker_pb2_grpc.add_TargetVerifierServicer_to_server(TargetVerifierServicer(runtime, max_batch_tokens), server)

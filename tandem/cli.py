@@ -69,7 +69,7 @@ def cmd_worker(args) -> None:
     tls = _tls_files(args, "worker")  # before the model loads: a bad path fails in a moment
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
-               parent_pid=args.parent_pid, tls=tls)
+               parent_pid=args.parent_pid, tls=tls, max_batch_tokens=args.max_batch_tokens)
 
 
 # --- TLS: tandem certs, and the flags of worker and orchestrator --------------------------------
@@ -115,6 +115,8 @@ def cmd_certs(args) -> None:
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
+MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
+                         "as tandem.services.batching; 1: one session per pass)")
 MAX_SESSIONS_HELP = "generations in flight per orchestrator replica; more get RESOURCE_EXHAUSTED at once"
 
 
@@ -176,7 +178,8 @@ def cmd_up(args) -> None:
                            draft_ahead=not args.no_draft_ahead, draft_workers=args.draft_workers,
                            target_workers=args.target_workers, replicas=args.replicas,
                            tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
-                           options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT)
+                           options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT,
+                           worker_args=["--max-batch-tokens", str(args.max_batch_tokens)])
     try:
         cluster.start()
     except RuntimeError as e:  # a worker that could not start, e.g. on a taken port: one line, no traceback
@@ -335,7 +338,7 @@ def _ints(text: str) -> list[int]:
 
 
 def cmd_bench(args) -> None:
-    from tandem.bench.harness import BenchConfig, run_bench
+    from tandem.bench.harness import BenchConfig, add_unbatched, run_bench
     from tandem.local import LocalCluster
     from tandem.suitability import load_prompts
 
@@ -362,11 +365,17 @@ def cmd_bench(args) -> None:
     else:
         from tandem.orchestrator.redis_server import free_port
 
-        cluster = LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads,
-                               max_gamma=max(8, *gammas), echo=False, draft_ahead=not args.no_draft_ahead)
-        with cluster:
+        def local(*worker_args: str) -> LocalCluster:
+            return LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads,
+                                max_gamma=max(8, *gammas), echo=False, draft_ahead=not args.no_draft_ahead,
+                                options={"max_sessions": max([64, *concurrency])}, worker_args=worker_args)
+
+        with local() as cluster:
             pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
             results = run_bench(config, cluster.address, args.out, pids)
+        if concurrency and not args.no_unbatched:
+            with local("--max-batch-tokens", "1") as cluster:
+                results = add_unbatched(config, cluster.address, args.out)
     print((Path(args.out) / "bench.md").read_text())
     print(f"results in {args.out}/: bench.json, bench.md, runs.jsonl, *.png "
           f"({results['duration_s'] / 60:.1f} min)", file=sys.stderr)
@@ -416,6 +425,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--target-workers", type=_positive, default=1,
                     help="target verifiers to run (restarted if they die)")
     up.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
+    up.add_argument("--max-batch-tokens", type=_positive, default=512, help=MAX_BATCH_TOKENS_HELP)
     up.add_argument("--api-key", help=API_KEY_HELP)
     up.add_argument("--max-sessions", type=_positive, default=64, help=MAX_SESSIONS_HELP)
     up.add_argument("--metrics-port", type=int, default=UP_METRICS_PORT,
@@ -452,6 +462,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-cache-mb", type=int, default=2048, help="KV-cache memory bound (LRU eviction)")
     worker.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
+    worker.add_argument("--max-batch-tokens", type=_positive, default=512, help=MAX_BATCH_TOKENS_HELP)
     worker.add_argument("--parent-pid", type=int, default=0,
                         help="stop when this process is no longer the worker's parent (tandem up passes its own)")
     _add_tls_flags(worker, "worker")
@@ -506,7 +517,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--gammas", default="0-8", help="fixed-gamma modes, '0-8' or '0,2,4' (0: target alone)")
     bench.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-gamma mode")
     bench.add_argument("--workloads", default="greedy,sampled", help="greedy (T=0), sampled (T=1)")
-    bench.add_argument("--concurrency", default="1,2,4,8", help="sessions in flight ('' to skip)")
+    bench.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="sessions in flight ('' to skip)")
+    bench.add_argument("--no-unbatched", action="store_true",
+                       help="skip the concurrency sweep against a second local cluster whose workers run one "
+                            "session per pass (--max-batch-tokens 1)")
     bench.add_argument("--concurrency-sessions", type=int, default=16, help="sessions per concurrency level")
     bench.add_argument("--threads", type=int, default=1, help="torch threads per worker and for the HF baselines")
     bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")

@@ -11,7 +11,7 @@ import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,14 +26,14 @@ SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.
 
 def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str,
                  echo: bool = True, metrics_port: int = 0, port: int = 0,
-                 tls: "TLSFiles | None" = None) -> tuple[subprocess.Popen, str]:
+                 tls: "TLSFiles | None" = None, args: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
     """Start `tandem worker` as a child process; return it and the address it listens on; with
-    `tls`, it serves mutual TLS only."""
+    `tls`, it serves mutual TLS only. args: more `tandem worker` flags."""
     # --parent-pid: the worker stops when this process is gone, however it went (a SIGKILLed
     # launcher must not leave workers holding their models).
     cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", str(port),
            "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port),
-           "--parent-pid", str(os.getpid())]
+           "--parent-pid", str(os.getpid()), *args]
     if tls:
         cmd += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca]
     # An OpenMP thread that spins after its parallel region steals a core from the other
@@ -142,12 +142,13 @@ class LocalCluster:
                  threads: int = 0, device: str = "cpu", dtype: str = "float32", max_gamma: int = 8,
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
                  draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
-                 options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False) -> None:
+                 options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False,
+                 worker_args: Sequence[str] = ()) -> None:
         """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...). tls_dir: mutual
         TLS between the orchestrator and the workers, with the CA and certificates kept there
         (made by tandem.certs when absent, or when they do not name `host`). metrics_fallback: a
         worker whose metrics port is taken gets a free one (metrics_ports says which) instead of
-        failing start()."""
+        failing start(). worker_args: more `tandem worker` flags for every worker."""
         self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.host = grpc_port, host
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
@@ -160,6 +161,7 @@ class LocalCluster:
                               for i, name in enumerate(["orchestrator", *self.names])}
         self.options = options or {}
         self.metrics_fallback = metrics_fallback
+        self.worker_args = tuple(worker_args)
         self.tls_dir = tls_dir
         self.tls = None  # {"worker": TLSFiles, "orchestrator": TLSFiles} once started with tls_dir
         self.addresses: dict[str, str] = {}  # worker addresses by name, once started
@@ -230,7 +232,8 @@ class LocalCluster:
         def start() -> subprocess.Popen:
             proc, self.addresses[name] = spawn_worker(kind, self.models[kind], self.host, self.threads, self.device,
                                                       self.dtype, self.echo, self.metrics_ports[name], port,
-                                                      tls=self.tls["worker"] if self.tls else None)
+                                                      tls=self.tls["worker"] if self.tls else None,
+                                                      args=self.worker_args)
             return proc
 
         return start

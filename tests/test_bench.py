@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tandem.bench import summary
-from tandem.bench.harness import BenchConfig, run_bench
+from tandem.bench.harness import BenchConfig, add_unbatched, run_bench
 from tandem.bench.runs import Run
 from tandem.math.analytic import expected_tokens
 
@@ -92,5 +92,12 @@ def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
     # Greedy output is the target's own, in every mode: HF assisted and the cluster's.
     assert all(v["identical"] == v["runs"] == 2 for v in results["greedy_identical_to_target"].values())
     assert [c["in_flight"] for c in results["concurrency"]["adaptive"]] == [1, 2]
+    hf_batches = results["concurrency"]["hf_target"]  # HF's target alone, batches of 1 and 2
+    assert [c["sessions"] for c in hf_batches] == [2, 2] and all(c["aggregate_tokens_per_s"] > 0 for c in hf_batches)
+    assert all(c["itl_ms"]["p50"] is not None for c in hf_batches)
+    # The unbatched sweep joins the same outputs (here against the same cluster: the harness's part).
+    merged = add_unbatched(config, cluster["address"], tmp_path)
+    assert {"unbatched_gamma_0", "unbatched_adaptive", "adaptive"} <= set(merged["concurrency"])
+    assert "| tandem adaptive γ, unbatched | 2 |" in (tmp_path / "bench.md").read_text()
     assert results["peak_memory_mb"]["draft"] > 0 and results["peak_memory_mb"]["target"] > 0
     assert "| tandem γ=2 |" in (tmp_path / "bench.md").read_text()

@@ -3,6 +3,7 @@ and a real Redis. Exactness against Hugging Face with the target alone."""
 
 import asyncio
 import time
+import urllib.request
 from collections import Counter
 
 import numpy as np
@@ -89,25 +90,64 @@ def test_text_prompt_round_trips_through_the_tokenizer(client):
     assert len(result.token_ids) >= 1 and isinstance(result.text, str)
 
 
-def test_sampled_first_token_follows_the_target(client, pair, target_model):
+def test_sampled_first_token_follows_the_target_through_batched_passes(cluster, pair, target_model, workers):
     """χ² of the first generated token over many seeds against the target's warped distribution.
-    γ = 3 with a different draft: the token is accepted-draft or recovered, never plain target."""
+    γ = 3 with a different draft: the token is accepted-draft or recovered, never plain target.
+    With 32 sessions in flight, the workers draft and verify them in shared passes."""
     prompt, params = pair["prompts"][2], SamplingParams(temperature=1.0, top_k=8)
     with torch.no_grad():
         logits = target_model(torch.tensor([prompt])).logits[0, -1]
     expected = warp(logits, params).double().numpy()
-    n = 400
-    firsts = Counter()
-    accepted = 0
-    for seed in range(n):
-        r = client.generate(prompt_token_ids=prompt, max_tokens=2, temperature=1.0, top_k=8, seed=seed, gamma=3)
-        firsts[r.token_ids[0]] += 1
-        accepted += r.stats.accepted_tokens
-    assert 0 < accepted, "some drafted tokens must be accepted for the test to mean anything"
+    n, before = 400, _batched_passes(workers["metrics_ports"]["target"])
+
+    async def run():
+        async with tandem.AsyncClient(cluster["address"], timeout_s=120) as c:
+            slots = asyncio.Semaphore(32)
+
+            async def one(seed):
+                async with slots:
+                    return await c.generate(prompt_token_ids=prompt, max_tokens=2, temperature=1.0, top_k=8,
+                                            seed=seed, gamma=3)
+
+            return await asyncio.gather(*(one(seed) for seed in range(n)))
+
+    results = asyncio.run(run())
+    passes, alone = (a - b for a, b in zip(_batched_passes(workers["metrics_ports"]["target"]), before))
+    assert passes > alone, "no verify pass held two sessions"
+    firsts = Counter(r.token_ids[0] for r in results)
+    assert sum(r.stats.accepted_tokens for r in results) > 0, "some drafted tokens must be accepted"
     support = np.flatnonzero(expected)
     assert set(firsts) <= set(support.tolist())
     observed = np.array([firsts[t] for t in support], dtype=float)
     assert chisquare(observed, expected[support] / expected[support].sum() * n).pvalue > 1e-3
+
+
+def _batched_passes(metrics_port: int) -> tuple[float, float]:
+    """(forward passes, those with one session) from a worker's Prometheus metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("tandem:worker_batch_sessions_")}
+    return values["tandem:worker_batch_sessions_count"], values['tandem:worker_batch_sessions_bucket{le="1.0"}']
+
+
+@pytest.mark.parametrize("sessions", [2, 8, 32])
+def test_greedy_is_token_identical_with_many_sessions_in_flight(cluster, pair, target_model, workers, sessions):
+    """Sessions generating at once share the workers' forward passes, and each still gets the
+    target's own greedy output."""
+    prompts = [pair["prompts"][i % len(pair["prompts"])] for i in range(sessions)]
+    expected = {tuple(p): hf_greedy(target_model, p, MAX_TOKENS) for p in prompts}
+    before = {kind: _batched_passes(workers["metrics_ports"][kind]) for kind in ("draft", "target")}
+
+    async def run():
+        async with tandem.AsyncClient(cluster["address"], timeout_s=120) as c:
+            return await asyncio.gather(*(c.generate(prompt_token_ids=p, max_tokens=MAX_TOKENS, temperature=0)
+                                          for p in prompts))
+
+    for prompt, result in zip(prompts, asyncio.run(run())):
+        assert result.token_ids == expected[tuple(prompt)], f"prompt {prompt}"
+    for kind in ("draft", "target") if sessions >= 8 else ():  # two may happen to alternate
+        passes, alone = (a - b for a, b in zip(_batched_passes(workers["metrics_ports"][kind]), before[kind]))
+        assert passes > alone, f"no {kind} pass held two sessions ({passes:.0f} passes)"
 
 
 def test_seeded_request_reproduces_exactly(client, pair):

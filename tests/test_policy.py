@@ -1,12 +1,13 @@
 """tandem.math.analytic and tandem.orchestrator.policy: the analytic model and the adaptive, serializable γ policy."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
 from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+from tandem.wire.worker import Batching
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
 
@@ -100,7 +101,7 @@ def test_defaults_and_initial_gamma_before_measurements():
     assert GammaPolicy(initial_gamma=6).choose(limit=-3) == 0
     # A γ-0 cycle measures the target but not the draft: still the initial γ.
     policy.observe(costly_bad_cycle(0))
-    assert policy.n > 0 and policy.draft_ms_per_token < 0
+    assert policy.verify_pass.n > 0 and policy.draft_pass.n == 0
     assert policy.choose() == 4
 
 
@@ -135,17 +136,18 @@ def test_costs_are_learned_from_steady_cycles_only():
     prefill = replace(cheap_good_cycle(4), draft_compute_ms=80.0, verify_compute_ms=90.0,
                       draft_fed=60, verify_fed=60)
     policy.observe(prefill)
-    assert policy.draft_ms_per_token < 0 and policy.n == 0 and policy.overhead_ms == 0.5
+    assert policy.draft_pass.n == 0 and policy.verify_pass.n == 0 and policy.overhead_ms == 0.5
     assert policy.choose() == policy.initial_gamma  # nothing steady measured yet
     policy = trained(cheap_good_cycle, [4, 2, 4, 6] * 3)
     before = policy.to_dict()
     catch_up = replace(cheap_good_cycle(1), draft_compute_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
     policy.observe(catch_up)
-    assert policy.draft_ms_per_token == before["draft_ms_per_token"]
-    assert policy.n > before["n"]  # the verifier's call was steady
+    assert asdict(policy.draft_pass) == before["draft_pass"]
+    assert policy.verify_pass.n > before["verify_pass"]["n"]  # the verifier's call was steady
     assert policy.accepted == pytest.approx(policy.decay * before["accepted"] + 1)  # acceptance counts
+    per_token = policy.draft_ms_per_token()
     policy.observe(replace(cheap_good_cycle(2), draft_compute_ms=2.0, draft_fed=2))  # a full accept: steady
-    assert policy.draft_ms_per_token > before["draft_ms_per_token"]
+    assert policy.draft_ms_per_token() > per_token
 
 
 def test_a_probe_that_catches_up_does_not_keep_the_policy_at_zero():
@@ -216,20 +218,20 @@ def test_cost_estimates():
     policy = GammaPolicy(decay=0.9)
     policy.observe(CycleCosts(4, 2, draft_compute_ms=8.0, draft_transport_ms=1.0, verify_compute_ms=12.0,
                               verify_transport_ms=2.0, overhead_ms=3.0))
-    assert policy.draft_ms_per_token == 2.0 and policy.draft_transport_ms == 1.0
+    assert policy.draft_ms_per_token() == 2.0 and policy.draft_transport_ms == 1.0
     assert policy.verify_transport_ms == 2.0 and policy.overhead_ms == 3.0
     policy.observe(CycleCosts(2, 2, draft_compute_ms=8.0, draft_transport_ms=3.0, verify_compute_ms=12.0,
                               verify_transport_ms=4.0, overhead_ms=5.0))
-    assert policy.draft_ms_per_token == pytest.approx(0.9 * 2 + 0.1 * 4)
+    assert policy.draft_ms_per_token() == pytest.approx((0.9 * 2 + 4) / 1.9)  # the fit's decayed mean
     assert policy.draft_transport_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
     assert policy.verify_transport_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
     assert policy.overhead_ms == pytest.approx(0.9 * 3 + 0.1 * 5)
-    before = (policy.draft_ms_per_token, policy.draft_transport_ms)
+    before = (policy.draft_ms_per_token(), policy.draft_transport_ms)
     policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
-    assert (policy.draft_ms_per_token, policy.draft_transport_ms) == before
+    assert (policy.draft_ms_per_token(), policy.draft_transport_ms) == before
     alpha = policy.alpha
     policy.observe(CycleCosts(3, 3, 0.0, 0.0, 12.0, 2.0, 3.0, drafted_ahead=True))  # no draft call this cycle
-    assert (policy.draft_ms_per_token, policy.draft_transport_ms) == before
+    assert (policy.draft_ms_per_token(), policy.draft_transport_ms) == before
     assert policy.alpha > alpha  # its acceptance still counts
 
 
@@ -239,7 +241,7 @@ def test_verify_cost_fit_recovers_a_linear_cost():
         policy.observe(CycleCosts(g, 0, 1.0 * g, 0.5, 5.0 + 2.0 * (g + 1), 0.5, 0.5))
     for g in range(0, 9):
         assert policy.verify_ms(g) == pytest.approx(5.0 + 2.0 * (g + 1), rel=1e-6)
-        draft = g * policy.draft_ms_per_token + policy.draft_transport_ms if g else 0.0
+        draft = g * policy.draft_ms_per_token() + policy.draft_transport_ms if g else 0.0
         want = draft + policy.verify_ms(g) + policy.verify_transport_ms + policy.overhead_ms
         assert policy.cycle_ms(g) == pytest.approx(want)
 
@@ -260,12 +262,67 @@ def test_verify_cost_fit_is_never_negative_or_decreasing():
     assert flat.verify_ms(0) == pytest.approx(7.0) and flat.verify_ms(8) == pytest.approx(7.0)
 
 
+# --- the load: passes shared with other sessions ------------------------------------------
+
+
+def loaded_cycle(gamma: int, sessions: int, others_tokens: int = 2) -> CycleCosts:
+    """A cycle among `sessions` sessions per pass, each other one running `others_tokens` per
+    pass: a verify pass costs 10 + 0.5 per token and a draft step 2 + 0.4 per token, every
+    session's tokens together; α = 0.5 (every other drafted token accepted)."""
+    others = (sessions - 1) * others_tokens
+    verify = Batching(1, others + gamma + 1, sessions)
+    draft = Batching(gamma, gamma * (others + 1), gamma * sessions) if gamma else None
+    return CycleCosts(gamma=gamma, accepted=gamma // 2, draft_compute_ms=sum_passes(draft, 2.0, 0.4),
+                      draft_transport_ms=0.3 if gamma else 0.0, verify_compute_ms=sum_passes(verify, 10.0, 0.5),
+                      verify_transport_ms=0.3, overhead_ms=0.5, draft_fed=1, verify_fed=1,
+                      draft_batching=draft, verify_batching=verify)
+
+
+def sum_passes(b: Batching | None, intercept: float, slope: float) -> float:
+    return b.passes * intercept + slope * b.tokens if b else 0.0
+
+
+@pytest.mark.parametrize("sessions", [1, 4, 32])
+def test_a_session_is_charged_its_share_of_each_pass(sessions):
+    """intercept / sessions + slope · own tokens, fitted from passes whose size varies with the
+    others' tokens; the shares of a pass sum to the pass."""
+    policy = GammaPolicy()
+    for g, others in zip([1, 3, 2, 4, 1, 3] * 4, [1, 2, 4, 8, 3, 6] * 4):
+        policy.observe(loaded_cycle(g, sessions, others))
+    assert policy.verify_sessions == pytest.approx(sessions) and policy.draft_sessions == pytest.approx(sessions)
+    for g in range(9):
+        assert policy.verify_ms(g) == pytest.approx(10.0 / sessions + 0.5 * (g + 1), rel=1e-6)
+    assert policy.draft_ms_per_token() == pytest.approx(2.0 / sessions + 0.4, rel=1e-6)
+    gammas = [0, 3, 8, 1][:sessions] if sessions <= 4 else [g % 9 for g in range(sessions)]
+    shares = sum(policy.verify_ms(g) for g in gammas)
+    assert shares == pytest.approx(10.0 + 0.5 * sum(g + 1 for g in gammas), rel=1e-6)
+
+
+def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
+    """Alone, drafting amortizes the verify pass's fixed cost; with 32 sessions per pass that
+    cost is shared, and a half-accepted draft's tokens cost more to verify than they return."""
+    alone = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
+    assert alone.choose() > 0 and alone.choose() == brute_force_choice(alone, alone.max_gamma)
+    loaded = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4)
+    assert loaded.alpha == pytest.approx(alone.alpha)
+    assert loaded.choose() == 0 == brute_force_choice(loaded, loaded.max_gamma)
+    for g in [0] * 7 + [loaded.choose()] * 12:  # the load goes; a probe measures passes alone again
+        loaded.observe(loaded_cycle(g, 1))
+    assert loaded.choose() > 0
+
+
+def test_a_call_without_a_batching_report_counts_as_alone():
+    reported = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 3)
+    silent = trained(lambda g: replace(loaded_cycle(g, 1), draft_batching=None, verify_batching=None), [2, 4, 1, 3] * 3)
+    assert silent == reported
+
+
 def test_round_trip_through_json():
     fresh = GammaPolicy()
     assert GammaPolicy.from_dict(json.loads(json.dumps(fresh.to_dict()))) == fresh
     policy = trained(cheap_good_cycle, [4, 8, 6, 2, 8, 0, 0, 3])
     state = json.loads(json.dumps(policy.to_dict()))
-    assert set(state) >= {"max_gamma", "accepted", "verified", "draft_ms_per_token", "zero_streak"}
+    assert set(state) >= {"max_gamma", "accepted", "verified", "draft_pass", "verify_pass", "zero_streak"}
     restored = GammaPolicy.from_dict(state)
     assert restored == policy and restored is not policy
     assert restored.choose() == policy.choose()

@@ -37,7 +37,7 @@ def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redi
             await store.redis.script_flush()  # a restarted Redis forgets scripts: the next commit reloads it
             await store.redis.expire("tandem:session:store-test", 5)
             await store.commit("store-test", "writer-a", 2, [2**31 - 1], _cycle(2), _state(status="length"))
-            keys = ("tandem:session:store-test", "tandem:session:store-test:tokens", "tandem:session:store-test:cycles")
+            keys = ("tandem:session:store-test", "tandem:session:store-test:tokens", "tandem:session:store-test:cycle_stats")
             return await store.load("store-test"), [await store.redis.ttl(k) for k in keys], await store.load("nothing")
         finally:
             await store.close()

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.bench import report, summary
-from tandem.bench.runs import HF_MODES, HFRunner, Run, cluster_mode, cluster_run, concurrent_runs
+from tandem.bench.runs import HF_MODES, HFRunner, Run, cluster_mode, cluster_run, concurrent_runs, hf_waves
 from tandem.client import Client
 
 WORKLOADS = {"greedy": 0.0, "sampled": 1.0}
@@ -26,8 +26,8 @@ class BenchConfig:
     gammas: list[int] = field(default_factory=lambda: list(range(9)))  # fixed-γ modes; 0 is the target alone
     adaptive: bool = True
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    concurrency_sessions: int = 16  # sessions per concurrency level
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    concurrency_sessions: int = 16  # sessions per concurrency level, at least as many as are in flight
     threads: int = 1  # torch threads of the in-process baselines (match the workers')
     seed: int = 0
     progress: bool = True
@@ -90,17 +90,28 @@ def measure(config: BenchConfig, address: str) -> tuple[list[Run], dict]:
                     for mode in modes:
                         runs.append(_one(config, hf, client, mode, workload, i, prompt))
                         bar.update()
-    concurrency = {}
-    sessions = [prompts[i % len(prompts)] for i in range(config.concurrency_sessions)]
-    modes = [m for m in ("gamma_0", "adaptive") if m in config.cluster_modes]
-    with _progress(len(modes) * len(config.concurrency), "concurrency", config.progress) as bar:
+    return runs, concurrency_sweep(config, address, prompts, hf)
+
+
+def concurrency_sweep(config: BenchConfig, address: str, prompts: list[list[int]], hf: HFRunner | None = None,
+                      prefix: str = "") -> dict:
+    """Greedy sessions at each level of sessions in flight: the cluster with γ = 0 and adaptive
+    (keys prefixed with `prefix`), and HF's target alone in batches of the same size when `hf`
+    is given → {mode: [row per level]}."""
+    modes = [m for m in ("gamma_0", "adaptive") if m in config.cluster_modes] + (["hf_target"] if hf else [])
+    concurrency: dict[str, list[dict]] = {}
+    with _progress(len(modes) * len(config.concurrency), f"{prefix}concurrency", config.progress) as bar:
         for mode in modes:
             for level in config.concurrency:
-                level_runs, wall = concurrent_runs(address, mode, "greedy", sessions, config.max_tokens, level,
-                                                   config.seed)
-                concurrency.setdefault(mode, []).append(summary.concurrency_row(level_runs, wall, level))
+                sessions = [prompts[i % len(prompts)] for i in range(max(config.concurrency_sessions, level))]
+                if mode == "hf_target":
+                    level_runs, wall = hf_waves(hf, sessions, config.max_tokens, level)
+                else:
+                    level_runs, wall = concurrent_runs(address, mode, "greedy", sessions, config.max_tokens, level,
+                                                       config.seed)
+                concurrency.setdefault(prefix + mode, []).append(summary.concurrency_row(level_runs, wall, level))
                 bar.update()
-    return runs, concurrency
+    return concurrency
 
 
 def machine() -> dict:
@@ -136,10 +147,31 @@ def run_bench(config: BenchConfig, address: str, out_dir: str | Path, worker_pid
         "concurrency": concurrency,
         "peak_memory_mb": memory,
     }
-    (out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
     with open(out / "runs.jsonl", "w") as f:
         for r in runs:
             f.write(json.dumps(r.as_dict()) + "\n")
+    _write(results, runs, out)
+    return results
+
+
+def add_unbatched(config: BenchConfig, address: str, out_dir: str | Path) -> dict:
+    """The concurrency sweep again against a cluster whose workers run one session per pass
+    (`--max-batch-tokens 1`: the workers before batching), added to the results in out_dir."""
+    from transformers import AutoTokenizer
+
+    out = Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(config.target_model)
+    prompts = [tokenizer.encode(p) for p in config.prompts]
+    results = json.loads((out / "bench.json").read_text())
+    started = time.time()
+    results["concurrency"] |= concurrency_sweep(config, address, prompts, prefix="unbatched_")
+    results["duration_s"] += time.time() - started
+    runs = [Run(**json.loads(line)) for line in (out / "runs.jsonl").read_text().splitlines()]
+    _write(results, runs, out)
+    return results
+
+
+def _write(results: dict, runs: list[Run], out: Path) -> None:
+    (out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "bench.md").write_text(report.markdown(results))
     report.plots(results, runs, out)
-    return results

@@ -10,9 +10,16 @@ _DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is 
 
 
 def label(mode: str) -> str:
+    if mode.startswith("unbatched_"):
+        return label(mode.removeprefix("unbatched_")) + ", unbatched"
     if mode in LABELS:
         return LABELS[mode]
     return "tandem adaptive γ" if mode == "adaptive" else f"tandem γ={mode.removeprefix('gamma_')}"
+
+
+def _ms(percentiles: dict | None, key: str) -> str:
+    value = (percentiles or {}).get(key)
+    return "–" if value is None else f"{value:.0f}"
 
 
 def _short(path: str) -> str:
@@ -91,13 +98,19 @@ def markdown(results: dict) -> str:
         lines += ["", "## Exactness", "", "Greedy runs token-identical to HF's target alone: "
                   + ", ".join(f"{label(k)} {v['identical']}/{v['runs']}" for k, v in identity.items()) + "."]
     if results["concurrency"]:
-        lines += ["", "## Concurrency (greedy)", "", "| mode | sessions in flight | aggregate tokens/s | latency p50 / p90 ms "
-                  "| TTFT p50 ms | per-session tokens/s |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Concurrency (greedy)", "", "HF target alone runs its sessions in left-padded batches "
+                  "of the level's size (a batch ends with its longest generation); unbatched: the same cluster "
+                  "with workers at `--max-batch-tokens 1`.", "",
+                  "| mode | sessions in flight | aggregate tokens/s | × one session | TTFT p50 / p99 ms "
+                  "| ITL p50 / p99 ms | latency p50 / p90 ms |", "|---|---|---|---|---|---|---|"]
         for mode, levels in results["concurrency"].items():
             for c in levels:
+                one = levels[0]["aggregate_tokens_per_s"] if levels[0]["in_flight"] == 1 else None
                 lines.append(f"| {label(mode)} | {c['in_flight']} | {c['aggregate_tokens_per_s']:.1f} "
-                             f"| {c['latency_ms']['p50']:.0f} / {c['latency_ms']['p90']:.0f} "
-                             f"| {c['ttft_ms']['p50']:.0f} | {_spread(c['per_session_tokens_per_s'], 1)} |")
+                             f"| {_x(c['aggregate_tokens_per_s'] / one if one else None)} "
+                             f"| {_ms(c['ttft_ms'], 'p50')} / {_ms(c['ttft_ms'], 'p99')} "
+                             f"| {_ms(c.get('itl_ms'), 'p50')} / {_ms(c.get('itl_ms'), 'p99')} "
+                             f"| {_ms(c['latency_ms'], 'p50')} / {_ms(c['latency_ms'], 'p90')} |")
     lines += ["", "## Peak memory (VmHWM)", "", "| process | MiB |", "|---|---|"]
     lines += [f"| {k} | {_x(v, 0)} |" for k, v in results["peak_memory_mb"].items()]
     return "\n".join(lines) + "\n"
@@ -193,14 +206,16 @@ def _timeline(plt, runs, path):
 def _concurrency(plt, results, path):
     if not results["concurrency"]:
         return
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for mode, levels in results["concurrency"].items():
         x = [c["in_flight"] for c in levels]
-        ax1.plot(x, [c["aggregate_tokens_per_s"] for c in levels], marker="o", label=label(mode))
-        ax2.plot(x, [c["latency_ms"]["p50"] for c in levels], marker="o", label=f"{label(mode)} p50")
-        ax2.plot(x, [c["latency_ms"]["p90"] for c in levels], marker="x", linestyle="--", label=f"{label(mode)} p90")
+        style = {"linestyle": ":" if mode.startswith("unbatched_") else "-"}
+        line, = ax1.plot(x, [c["aggregate_tokens_per_s"] for c in levels], marker="o", label=label(mode), **style)
+        ax2.plot(x, [c["ttft_ms"]["p50"] for c in levels], marker="o", color=line.get_color(),
+                 label=f"{label(mode)} p50", **style)
     ax1.set(xlabel="sessions in flight", ylabel="aggregate tokens/s", title="throughput vs concurrency (greedy)")
-    ax2.set(xlabel="sessions in flight", ylabel="per-session latency, ms", title="latency vs concurrency")
+    ax2.set(xlabel="sessions in flight", ylabel="time to first token, ms", title="TTFT p50 vs concurrency")
+    ax2.set_yscale("log")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.legend(fontsize=8)

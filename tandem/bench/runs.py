@@ -140,6 +140,58 @@ class HFRunner:
         return streamer.run(mode, workload, index)
 
 
+class _StepClock:
+    """A generate() streamer that timestamps each decoding step of a batch (the first put is the
+    prompt)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.steps: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._prompt_seen:
+            self.steps.append(time.perf_counter() - self.start)
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+def hf_waves(hf: HFRunner, prompts: list[list[int]], max_tokens: int, batch: int) -> tuple[list[Run], float]:
+    """Greedy generate() with the target alone on `batch` prompts at a time, left-padded: what a
+    Hugging Face user runs for many requests. A wave ends with its longest generation, and its
+    sessions' tokens arrive together, step by step → (runs, wall seconds)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    clock_class = type("StepClock", (_StepClock, BaseStreamer), {})
+    eos = hf.target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    pad = min(eos_ids) if eos_ids else 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(hf.threads)
+    runs, start = [], time.perf_counter()
+    try:
+        for first in range(0, len(prompts), batch):
+            wave = prompts[first:first + batch]
+            width = max(map(len, wave))
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in wave])  # [B, width]
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in wave])  # [B, width]
+            clock = clock_class()
+            with torch.inference_mode():
+                out = hf.target.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                                         pad_token_id=pad, streamer=clock)
+            for i, row in enumerate(out[:, width:].tolist()):
+                ends = [k for k, t in enumerate(row) if t in eos_ids]
+                tokens = row[:ends[0] + 1] if ends else row
+                arrivals = clock.steps[:len(tokens)]
+                runs.append(Run("hf_target", "greedy", first + i, tokens, arrivals[-1] if arrivals else 0.0,
+                                arrivals, [1] * len(tokens)))
+    finally:
+        torch.set_num_threads(threads)
+    return runs, time.perf_counter() - start
+
+
 def _request(mode: str, workload: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
     temperature = 0.0 if workload == "greedy" else 1.0
     return {"prompt_token_ids": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,

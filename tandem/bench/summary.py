@@ -159,5 +159,6 @@ def concurrency_row(runs: list[Run], wall_s: float, in_flight: int) -> dict:
         "aggregate_tokens_per_s": sum(r.tokens for r in runs) / wall_s,
         "latency_ms": percentiles_ms([r.wall_s for r in runs]),
         "ttft_ms": percentiles_ms([r.ttft_s for r in runs]),
+        "itl_ms": percentiles_ms([g for r in runs for g in r.gaps_s]),
         "per_session_tokens_per_s": spread([r.tokens_per_s for r in runs]),
     }

@@ -57,7 +57,7 @@ class GenerationStats(_message.Message):
     def __init__(self, elapsed_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., per_cycle: _Optional[_Iterable[_Union[CycleStats, _Mapping]]] = ...) -> None: ...
 
 class CycleStats(_message.Message):
-    __slots__ = ("gamma", "accepted", "output_tokens", "start_ms", "draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms", "wire_bytes", "drafted_ahead", "ahead_ms")
+    __slots__ = ("gamma", "accepted", "output_tokens", "start_ms", "draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms", "wire_bytes", "drafted_ahead", "ahead_ms", "wait_ms")
     GAMMA_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class CycleStats(_message.Message):
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_AHEAD_FIELD_NUMBER: _ClassVar[int]
     AHEAD_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     gamma: int
     accepted: int
     output_tokens: int
@@ -82,7 +83,8 @@ class CycleStats(_message.Message):
     wire_bytes: int
     drafted_ahead: bool
     ahead_ms: float
-    def __init__(self, gamma: _Optional[int] = ..., accepted: _Optional[int] = ..., output_tokens: _Optional[int] = ..., start_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., orchestration_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., drafted_ahead: _Optional[bool] = ..., ahead_ms: _Optional[float] = ...) -> None: ...
+    wait_ms: float
+    def __init__(self, gamma: _Optional[int] = ..., accepted: _Optional[int] = ..., output_tokens: _Optional[int] = ..., start_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ..., verify_ms: _Optional[float] = ..., transport_ms: _Optional[float] = ..., redis_ms: _Optional[float] = ..., orchestration_ms: _Optional[float] = ..., wire_bytes: _Optional[int] = ..., drafted_ahead: _Optional[bool] = ..., ahead_ms: _Optional[float] = ..., wait_ms: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("session_id", "text", "token_ids", "finish_reason", "stats")

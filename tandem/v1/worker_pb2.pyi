@@ -31,18 +31,20 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms")
+    __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_token_probs: _containers.RepeatedScalarFieldContainer[float]
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_sampling_pb2.DraftDistribution]
     compute_ms: float
-    def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    batching: Batching
+    def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context")
@@ -70,18 +72,32 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms")
+    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BONUS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCHING_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     target_token_probs: _containers.RepeatedScalarFieldContainer[float]
     recovered_tokens: _containers.RepeatedScalarFieldContainer[int]
     bonus_token: int
     compute_ms: float
-    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    batching: Batching
+    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ...) -> None: ...
+
+class Batching(_message.Message):
+    __slots__ = ("passes", "tokens", "sessions", "wait_ms")
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    passes: int
+    tokens: int
+    sessions: int
+    wait_ms: float
+    def __init__(self, passes: _Optional[int] = ..., tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., wait_ms: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -73,6 +73,7 @@ class CycleStats:
     wire_bytes: int = 0
     drafted_ahead: bool = False  # the block was drafted during the last cycle's verify
     ahead_ms: float = 0.0  # draft compute past this block, overlapped with its verify
+    wait_ms: float = 0.0  # the worker calls waiting while their workers ran other sessions' work
 
 
 def _total(field_name: str, doc: str) -> property:
@@ -89,6 +90,7 @@ class CycleTotals:
     draft_ms = _total("draft_ms", "Draft compute, summed.")
     verify_ms = _total("verify_ms", "Verify compute, summed.")
     transport_ms = _total("transport_ms", "gRPC transport and serialization, summed.")
+    wait_ms = _total("wait_ms", "Waits for the workers' passes of other sessions' work, summed.")
     redis_ms = _total("redis_ms", "Redis commits, summed (each overlaps the next cycle's first call).")
     orchestration_ms = _total("orchestration_ms", "The rest of the cycles, summed.")
 

@@ -5,7 +5,7 @@ little-endian bytes, sparse when truncated (top-k, top-p, one-hot), dense otherw
 Python and protobuf: tensors are the services' business.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.math.params import SamplingParams
 from tandem.v1 import sampling_pb2, worker_pb2
@@ -33,6 +33,18 @@ def draft_distribution(token_ids: bytes, probs: bytes) -> sampling_pb2.DraftDist
 
 
 @dataclass
+class Batching:
+    """The forward passes a call's work ran in, shared with other sessions' work: tokens and
+    sessions are summed over the passes (a call that ran alone has sessions == passes); wait_ms:
+    the time it waited while the model ran work it had no part in."""
+
+    passes: int = 0
+    tokens: int = 0
+    sessions: int = 0
+    wait_ms: float = 0.0
+
+
+@dataclass
 class Proposal:
     """A draft worker's answer (None from a client means a cache miss)."""
 
@@ -40,6 +52,7 @@ class Proposal:
     draft_token_probs: list[float]
     draft_distributions: list  # opaque compact messages, forwarded to the verifier as they are
     compute_ms: float
+    batching: Batching = field(default_factory=Batching)
 
 
 @dataclass
@@ -50,6 +63,15 @@ class Verification:
     recovered_tokens: list[int]
     bonus_token: int
     compute_ms: float
+    batching: Batching = field(default_factory=Batching)
+
+
+def _batching_to_pb(b: Batching) -> worker_pb2.Batching:
+    return worker_pb2.Batching(passes=b.passes, tokens=b.tokens, sessions=b.sessions, wait_ms=b.wait_ms)
+
+
+def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
+    return Batching(msg.passes, msg.tokens, msg.sessions, msg.wait_ms)
 
 
 def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None) -> worker_pb2.ProposeRequest:
@@ -67,6 +89,7 @@ def propose_response(proposal: Proposal | None) -> worker_pb2.ProposeResponse:
         draft_token_probs=proposal.draft_token_probs,
         draft_distributions=proposal.draft_distributions,
         compute_ms=proposal.compute_ms,
+        batching=_batching_to_pb(proposal.batching),
     )
 
 
@@ -75,7 +98,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
         return None
     return Proposal(
         list(msg.draft_tokens), list(msg.draft_token_probs), list(msg.draft_distributions),
-        msg.compute_ms,
+        msg.compute_ms, _batching_from_pb(msg.batching),
     )
 
 
@@ -98,6 +121,7 @@ def verify_response(verification: Verification | None) -> worker_pb2.VerifyRespo
         recovered_tokens=verification.recovered_tokens,
         bonus_token=verification.bonus_token,
         compute_ms=verification.compute_ms,
+        batching=_batching_to_pb(verification.batching),
     )
 
 
@@ -105,7 +129,8 @@ def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
     if msg.cache_miss:
         return None
     return Verification(
-        list(msg.target_token_probs), list(msg.recovered_tokens), msg.bonus_token, msg.compute_ms
+        list(msg.target_token_probs), list(msg.recovered_tokens), msg.bonus_token, msg.compute_ms,
+        _batching_from_pb(msg.batching),
     )
 
 

@@ -1,0 +1,156 @@
+"""Continuous batching: one thread owns the model and runs the work of all sessions in shared
+forward passes.
+
+A job is a generator. It yields a `Step` (tokens of its session to run), receives that step's
+logits (or has the step's CacheMiss thrown into it), and returns its answer: a verify is one
+step, drafting γ tokens is γ steps. Each round, the model thread takes the jobs waiting for a
+step, in arrival order, one per session, up to a budget of tokens (the first always, however
+long), runs all their steps in one pass (`ModelRuntime.extend_batch`), and hands each job its
+logits. A job with more steps waits for the next round; a job that arrived meanwhile joins it.
+Nothing waits for a batch to fill: an idle thread runs a lone job at once.
+
+Batching changes which rows share a matrix product, nothing else: every job keeps its own
+cache, positions and random numbers, so the answers are those of the job run alone up to the
+floating-point rounding of a larger product (README: what is batch-invariant).
+"""
+
+import concurrent.futures
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.services import metrics
+from tandem.services.runtime import ModelRuntime, Step
+from tandem.wire.worker import Batching
+
+log = logging.getLogger("tandem.worker")
+
+# Tokens per pass: a round takes waiting steps until the next would pass this. A decode round
+# of 64 sessions drafting, or 32 verifying γ = 8 blocks, fits; a long prefill runs with few others.
+DEFAULT_BATCH_TOKENS = 512
+
+Job = Generator[Step, Any, Any]
+
+
+@dataclass
+class _Running:
+    job: Job
+    future: concurrent.futures.Future
+    submitted: float  # time.perf_counter() at submit
+    step: Step | None = None
+    compute_ms: float = 0.0  # the passes it took part in, and its own work between them
+    batching: Batching = field(default_factory=Batching)  # those passes, every session's tokens in them
+
+
+class Batcher:
+    """Runs jobs on its own thread (the only one that touches the model), batching their steps."""
+
+    def __init__(self, runtime: ModelRuntime, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
+        self.runtime = runtime
+        self.max_batch_tokens = max_batch_tokens
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="model", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job | Callable[[], Any]) -> concurrent.futures.Future:
+        """Queue a job (or a plain function, run alone between two passes) → a future of its
+        answer. A job's answer that has a compute_ms gets the time of the passes it took part in
+        and of its own work between them, and its batching those passes."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._incoming.put((job, future, time.perf_counter()))
+        return future
+
+    # --- the model thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        waiting: list[_Running] = []  # jobs with a step to run, in arrival order
+        while True:
+            try:
+                self._admit(waiting, block=not waiting)
+                if waiting:
+                    self._round(waiting)
+            except BaseException:  # never lose the thread: every job would hang
+                log.exception("batching round failed")
+
+    def _admit(self, waiting: list[_Running], block: bool) -> None:
+        """Start what was submitted: a job runs to its first step; a plain function runs now."""
+        while True:
+            try:
+                job, future, submitted = self._incoming.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if not future.set_running_or_notify_cancel():
+                continue
+            if inspect.isgenerator(job):
+                running = _Running(job, future, submitted)
+                if self._advance(running, None):
+                    waiting.append(running)
+            else:
+                try:
+                    future.set_result(job())
+                except BaseException as e:
+                    future.set_exception(e)
+
+    def _round(self, waiting: list[_Running]) -> None:
+        batch = self._pick(waiting)
+        tokens = sum(len(r.step.tokens) for r in batch)
+        start = time.perf_counter()
+        try:
+            results = self.runtime.extend_batch([r.step for r in batch])
+        except BaseException as e:  # the pass itself failed: every job in it fails, no other
+            results = [e] * len(batch)
+        elapsed = (time.perf_counter() - start) * 1e3
+        metrics.batch_sessions.observe(len(batch))
+        metrics.batch_tokens.observe(tokens)
+        for running, result in zip(batch, results):
+            running.compute_ms += elapsed
+            b = running.batching
+            b.passes, b.tokens, b.sessions = b.passes + 1, b.tokens + tokens, b.sessions + len(batch)
+            waiting.remove(running)
+            if self._advance(running, result):
+                waiting.append(running)  # its next step joins the next round, behind older jobs
+
+    def _pick(self, waiting: list[_Running]) -> list[_Running]:
+        """The oldest waiting jobs, one per session, within the token budget (the oldest always)."""
+        batch, sessions, tokens = [], set(), 0
+        for running in waiting:
+            n = len(running.step.tokens)
+            if running.step.session_id in sessions or (batch and tokens + n > self.max_batch_tokens):
+                continue
+            batch.append(running)
+            sessions.add(running.step.session_id)
+            tokens += n
+        return batch
+
+    @staticmethod
+    def _advance(running: _Running, result) -> bool:
+        """Give the job its step's result (None to start it) → True when it has another step;
+        False once its answer (or its exception) is on its future."""
+        start = time.perf_counter()
+        try:
+            if isinstance(result, BaseException):
+                running.step = running.job.throw(result)
+            else:
+                running.step = running.job.send(result)
+        except StopIteration as done:
+            answer = done.value
+            if hasattr(answer, "compute_ms"):
+                done = time.perf_counter()
+                answer.compute_ms = running.compute_ms + (done - start) * 1e3
+                running.batching.wait_ms = max(0.0, (done - running.submitted) * 1e3 - answer.compute_ms)
+                answer.batching = running.batching
+            running.future.set_result(answer)
+            return False
+        except BaseException as e:
+            running.future.set_exception(e)
+            return False
+        running.compute_ms += (time.perf_counter() - start) * 1e3
+        return True

@@ -1,0 +1,176 @@
+"""Continuous batching (tandem.services.batching): a batched forward pass against each session's
+own, the batcher's rounds (sessions joining and leaving, the token budget, one session's miss or
+error leaving the others alone), and batched jobs giving the answers of jobs run alone."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from tandem.math.params import SamplingParams
+from tandem.services.batching import Batcher
+from tandem.services.draft_worker import propose
+from tandem.services.runtime import CacheMiss, ModelRuntime, Step
+from tandem.services.target_verifier import verify
+
+from randompair import llama_config, save_random_model
+from test_workers import prompt
+
+VOCAB = 96
+TIMEOUT_S = 60
+GREEDY = SamplingParams(temperature=0.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    config = llama_config(vocab_size=VOCAB, layers=2, hidden=64, eos_token_id=2, max_context=256, init_std=0.1)
+    return save_random_model(config, str(tmp_path_factory.mktemp("batching") / "m"), seed=11)
+
+
+def run_alone(runtime: ModelRuntime, job):
+    """A job driven one step at a time through runtime.extend: the unbatched reference."""
+    try:
+        step = next(job)
+        while True:
+            try:
+                logits = runtime.extend(step.session_id, step.cache_len, step.tokens, step.keep)
+            except CacheMiss as miss:
+                step = job.throw(miss)
+            else:
+                step = job.send(logits)
+    except StopIteration as done:
+        return done.value
+
+
+def _cache(runtime: ModelRuntime, session_id: str) -> torch.Tensor:
+    session = runtime._sessions[session_id]
+    return session.cache.data[:, :, :, :session.length]  # [layers, 2, kv, length, d]
+
+
+# --- the batched forward pass ----------------------------------------------------------------
+
+
+def test_batched_forward_equals_each_sessions_own(model_dir):
+    alone, batched = ModelRuntime(model_dir), ModelRuntime(model_dir)
+    assert batched.forward_pass.batched
+    prefixes = {f"s{i}": prompt(n, seed=i) for i, n in enumerate([3, 17, 40, 1, 9])}
+    for sid, tokens in prefixes.items():
+        alone.extend(sid, 0, tokens)
+    first = batched.extend_batch([Step(sid, 0, tokens) for sid, tokens in prefixes.items()])
+    for (sid, tokens), got in zip(prefixes.items(), first):
+        torch.testing.assert_close(got, alone.extend(sid, 0, tokens), atol=1e-4, rtol=1e-4)
+    # Then steps of different lengths, with crops (a rejected block's tail cut away).
+    steps = [Step("s0", 3, prompt(5, 20), keep=5), Step("s1", 12, prompt(1, 21), keep=1),
+             Step("s2", 40, prompt(9, 22), keep=3), Step("s3", 1, prompt(2, 23), keep=1),
+             Step("s4", 6, prompt(4, 24), keep=0)]
+    got = batched.extend_batch(steps)
+    for step, logits in zip(steps, got):
+        want = alone.extend(step.session_id, step.cache_len, step.tokens, step.keep)
+        assert logits.shape == want.shape
+        torch.testing.assert_close(logits, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(_cache(batched, step.session_id), _cache(alone, step.session_id),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_one_sessions_cache_miss_leaves_the_others_in_its_pass(model_dir):
+    runtime = ModelRuntime(model_dir)
+    runtime.extend("held", 0, prompt(6, 1))
+    got = runtime.extend_batch([Step("held", 6, [7]), Step("unknown", 4, [8]), Step("new", 0, prompt(3, 2))])
+    assert isinstance(got[1], CacheMiss)
+    assert got[0].shape == (1, VOCAB) and got[2].shape == (3, VOCAB)
+    assert runtime._sessions["held"].length == 7 and "unknown" not in runtime._sessions
+
+
+# --- the batcher -----------------------------------------------------------------------------
+
+
+def _proposals(batcher_or_runtime, requests):
+    """Draft jobs for (session, cache_len, tokens, γ) requests, all submitted at once."""
+    if isinstance(batcher_or_runtime, Batcher):
+        futures = [batcher_or_runtime.submit(propose(*r, GREEDY)) for r in requests]
+        return [f.result(TIMEOUT_S) for f in futures]
+    return [run_alone(batcher_or_runtime, propose(*r, GREEDY)) for r in requests]
+
+
+def test_batched_drafting_with_different_gammas_gives_each_sessions_own_draft(model_dir):
+    """Sessions with γ 1..8 draft together: each leaves the batch when its block is done, and
+    its tokens are those it drafts alone."""
+    requests = [(f"d{i}", 0, prompt(4 + 3 * i, seed=30 + i), 1 + i) for i in range(8)]
+    alone = _proposals(ModelRuntime(model_dir), requests)
+    batcher = Batcher(ModelRuntime(model_dir))
+    batched = _proposals(batcher, requests)
+    for a, b in zip(alone, batched):
+        assert b.draft_tokens == a.draft_tokens
+        assert b.compute_ms > 0
+        assert b.batching.passes == len(b.draft_tokens)  # one step per drafted token
+        assert b.batching.passes <= b.batching.sessions <= 8 * b.batching.passes
+
+
+def test_a_session_joins_a_running_batch(model_dir):
+    """A job submitted while others are mid-draft joins the next round and gets its own answer."""
+    runtime = ModelRuntime(model_dir)
+    batcher = Batcher(runtime)
+    gate = threading.Event()
+    batcher.submit(gate.wait)  # hold the model thread until everything is queued
+    long = [batcher.submit(propose(f"long{i}", 0, prompt(5, 40 + i), 16, GREEDY)) for i in range(3)]
+    gate.set()
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any(runtime._sessions.get(f"long{i}") for i in range(3)) and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the long drafts have started
+    late = batcher.submit(verify("late", 0, prompt(7, 50), prompt(3, 51), None, GREEDY))
+    reference = ModelRuntime(model_dir)
+    assert late.result(TIMEOUT_S).recovered_tokens == \
+        run_alone(reference, verify("late", 0, prompt(7, 50), prompt(3, 51), None, GREEDY)).recovered_tokens
+    for i, future in enumerate(long):
+        assert future.result(TIMEOUT_S).draft_tokens == \
+            run_alone(reference, propose(f"long{i}", 0, prompt(5, 40 + i), 16, GREEDY)).draft_tokens
+
+
+def test_a_miss_or_an_error_fails_only_its_own_job(model_dir):
+    runtime = ModelRuntime(model_dir)
+    runtime.extend("held", 0, prompt(6, 1))
+    batcher = Batcher(runtime)
+    gate = threading.Event()
+    batcher.submit(gate.wait)
+
+    def broken():
+        yield Step("broken", 0, prompt(2, 3))
+        raise ValueError("a bug in one job")
+
+    futures = {"miss": batcher.submit(propose("nobody", 5, [7], 2, GREEDY)),
+               "broken": batcher.submit(broken()),
+               "ok": batcher.submit(propose("held", 6, [7], 3, GREEDY))}
+    gate.set()
+    with pytest.raises(CacheMiss):
+        futures["miss"].result(TIMEOUT_S)
+    with pytest.raises(ValueError, match="a bug"):
+        futures["broken"].result(TIMEOUT_S)
+    assert len(futures["ok"].result(TIMEOUT_S).draft_tokens) == 3
+
+
+def test_the_token_budget_splits_rounds_and_the_oldest_always_runs(model_dir):
+    runtime = ModelRuntime(model_dir)
+    rounds = []
+    extend_batch = runtime.extend_batch
+
+    def recording(steps):
+        rounds.append([(s.session_id, len(s.tokens)) for s in steps])
+        return extend_batch(steps)
+
+    runtime.extend_batch = recording
+    batcher = Batcher(runtime, max_batch_tokens=10)
+    gate = threading.Event()
+    batcher.submit(gate.wait)
+    jobs = [verify("big", 0, prompt(30, 1), [], None, GREEDY),  # over the budget on its own
+            verify("a", 0, prompt(6, 2), [], None, GREEDY), verify("b", 0, prompt(4, 3), [], None, GREEDY),
+            verify("c", 0, prompt(5, 4), [], None, GREEDY), verify("a", 0, prompt(2, 5), [], None, GREEDY)]
+    futures = [batcher.submit(job) for job in jobs]
+    gate.set()
+    answers = [future.result(TIMEOUT_S) for future in futures]
+    # One step per session per round, oldest first, within 10 tokens unless alone.
+    assert rounds == [[("big", 30)], [("a", 6), ("b", 4)], [("c", 5), ("a", 2)]]
+    # Each answer says which pass it ran in, and that it waited for the passes before it.
+    assert [(a.batching.passes, a.batching.tokens, a.batching.sessions) for a in answers] == \
+        [(1, 30, 1), (1, 10, 2), (1, 10, 2), (1, 7, 2), (1, 7, 2)]
+    assert answers[3].batching.wait_ms > answers[1].batching.wait_ms > 0
