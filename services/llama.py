@@ -21,6 +21,9 @@ import torch.nn.functional as F
 
 # RoPE variants whose frequencies are fixed at load time (dynamic ones change with length).
 STATIC_ROPE = ("default", "linear", "llama3")
+# Queries × keys up to which one session's attention on the CPU takes three small products instead
+# of the fused kernel (a verify block over a long context; a decode step over any context).
+SMALL_ATTENTION = 16384
 
 
 def to_column_major(w: torch.Tensor) -> torch.Tensor:
@@ -131,20 +134,21 @@ class LlamaPass:
 
     def forward_batch(self, feeds: list["Feed"]) -> list[torch.Tensor]:
         """One pass for several sessions: their new tokens concatenated into one [T, H] input for
-        the projections and MLPs (T = all their tokens), attention per session against its own
-        cache → each feed's logits [keep, V]. Call under inference_mode."""
+        the projections, the rotary embedding and the MLPs (T = all their tokens), attention per
+        session against its own cache → each feed's logits [keep, V]. Call under inference_mode."""
         lengths = [len(f.tokens) for f in feeds]
-        spans = []  # per feed: (rope cos, rope sin, causal mask or None)
+        masks = []  # per feed: query i sees keys 0..start+i; a single query needs no mask
         for f, n in zip(feeds, lengths):
             f.cache.reserve(f.start + n, held=f.start)
-            # Query i sees keys 0..start+i; a single query needs no mask.
-            mask = None if n == 1 else torch.ones(n, f.start + n, dtype=torch.bool, device=self.device).tril(f.start)
-            spans.append((*self._rope(f.start, f.start + n), mask))
+            masks.append(None if n == 1 else torch.ones(n, f.start + n, dtype=torch.bool, device=self.device)
+                         .tril(f.start))
+        cos, sin = self._rope([f.start for f in feeds], lengths)  # [T, 1, d] each
         tokens = [t for f in feeds for t in f.tokens]
         x = self.embed[torch.tensor(tokens, device=self.device)]  # [T, H]
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer["attn_norm"])
-            x = x + self._attention(layer, h, [(f.cache.data[index], f.start) for f in feeds], lengths, spans)
+            caches = [(f.cache.data[index], f.start) for f in feeds]
+            x = x + self._attention(layer, h, caches, lengths, cos, sin, masks)
             gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).split(self.intermediate, -1)
             x = x + F.linear(F.silu(gate) * up, layer["down"])
         ends = torch.tensor(lengths).cumsum(0).tolist()
@@ -153,22 +157,42 @@ class LlamaPass:
         logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V]
         return list(logits.split([f.keep for f in feeds]))
 
-    def _attention(self, layer, h, caches, lengths, spans) -> torch.Tensor:
+    def _attention(self, layer, h, caches, lengths, cos, sin, masks) -> torch.Tensor:
         """h [T, H] → attention output [T, H]; caches: per feed, (its layer's [2, kv, capacity, d]
         buffer, its start)."""
-        d = self.head_dim
-        qkv = F.linear(h, layer["qkv"])  # [T, (h+2kv)·d]
+        d, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
+        q, k, v = F.linear(h, layer["qkv"]).split([heads * d, kv_heads * d, kv_heads * d], -1)  # [T, ·]
+        q = _rotate(q.view(-1, heads, d), cos, sin)  # [T, h, d]
+        k = _rotate(k.view(-1, kv_heads, d), cos, sin)  # [T, kv, d]
+        v = v.view(-1, kv_heads, d)
         outs = []
-        for part, (kv, start), n, (cos, sin, mask) in zip(qkv.split(lengths), caches, lengths, spans):
-            q, k, v = part.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+        for (kv, start), n, mask, qs, ks, vs in zip(caches, lengths, masks, q.split(lengths), k.split(lengths),
+                                                    v.split(lengths)):
             end = start + n
-            q = _rotate(q.view(n, self.heads, d).transpose(0, 1), cos, sin)  # [h, n, d]
-            kv[0, :, start:end] = _rotate(k.view(n, self.kv_heads, d).transpose(0, 1), cos, sin)  # [kv, n, d]
-            kv[1, :, start:end] = v.view(n, self.kv_heads, d).transpose(0, 1)
-            out = F.scaled_dot_product_attention(q[None], kv[0, None, :, :end], kv[1, None, :, :end],
-                                                 attn_mask=mask, enable_gqa=True)  # [1, h, n, d]
-            outs.append(out[0].transpose(0, 1).reshape(n, self.heads * d))
+            kv[0, :, start:end] = ks.transpose(0, 1)  # [kv, n, d]
+            kv[1, :, start:end] = vs.transpose(0, 1)
+            outs.append(self._attend(qs, kv[0, :, :end], kv[1, :, :end], mask))
         return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), layer["o"])  # [T, H]
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
+        """One session's attention: q [n, h, d] over keys and values [kv, L, d] → [n, h·d]. A
+        few queries on the CPU take three small products (each key head's query heads side by
+        side, no copy of the keys), a tenth of the fused kernel's fixed cost there; long ones,
+        and every device's, take the fused kernel, whose memory stays linear in L."""
+        n, heads, d = q.shape
+        kv_heads, length = keys.shape[0], keys.shape[1]
+        if self.device.type != "cpu" or n * length > SMALL_ATTENTION:
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
+                                                 enable_gqa=True)  # [1, h, n, d]
+            return out[0].transpose(0, 1).reshape(n, heads * d)
+        group = heads // kv_heads
+        grouped = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
+        scores = torch.bmm(grouped, keys.transpose(1, 2)) * d**-0.5  # [kv, group·n, L]
+        if mask is not None:
+            scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
+        weights = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+        out = torch.bmm(weights, values)  # [kv, group·n, d]
+        return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -178,15 +202,20 @@ class LlamaPass:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [end - start, d], from tables grown by doubling as positions advance."""
+    def _rope(self, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, d] at every feed's positions (start..start+n), from tables grown by
+        doubling as positions advance."""
+        end = max(s + n for s, n in zip(starts, lengths))
         if end > self._cos.shape[0]:
             positions = torch.arange(max(64, 1 << (end - 1).bit_length()), device=self.device).float()
             freqs = torch.outer(positions, self.inv_freq.to(self.device))  # [P, d/2]
             emb = torch.cat((freqs, freqs), -1)
             self._cos = (emb.cos() * self.rope_scale).to(self.dtype)
             self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
-        return self._cos[start:end], self._sin[start:end]
+        if len(starts) == 1:
+            return self._cos[starts[0]:end, None], self._sin[starts[0]:end, None]
+        at = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(self.device)  # [T]
+        return self._cos[at, None], self._sin[at, None]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -359,7 +359,8 @@ def cmd_bench(args) -> None:
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
                          concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed,
-                         draft_ahead=None if args.address else not args.no_draft_ahead)
+                         draft_ahead=None if args.address else not args.no_draft_ahead,
+                         interleaved=not args.concurrency_only)
     if args.address:
         results = run_bench(config, args.address, args.out)
     else:
@@ -518,6 +519,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive-gamma mode")
     bench.add_argument("--workloads", default="greedy,sampled", help="greedy (T=0), sampled (T=1)")
     bench.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="sessions in flight ('' to skip)")
+    bench.add_argument("--concurrency-only", action="store_true",
+                       help="skip the interleaved runs: only the concurrency sweep")
     bench.add_argument("--no-unbatched", action="store_true",
                        help="skip the concurrency sweep against a second local cluster whose workers run one "
                             "session per pass (--max-batch-tokens 1)")

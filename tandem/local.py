@@ -6,6 +6,7 @@ the orchestrator's pools find a worker again through their health watches, and t
 Redis keeps an append-only file, so its sessions survive a restart. `tandem up` runs a local
 cluster until a signal; `tandem bench` runs one around its measurements."""
 
+import concurrent.futures
 import os
 import secrets
 import subprocess
@@ -194,12 +195,11 @@ class LocalCluster:
                           f"listening on {self.redis.safe_url}")
             if self.tls_dir:
                 self.tls = self._certificates()
-            for name in self.names:
-                self.supervisor.add(name, self._worker_starter(name, free_port()))
+            self._start_workers(free_port)
             has_tokenizer = (Path(self.models["target"]) / "tokenizer_config.json").exists()
             config = OrchestratorConfig(
-                draft_addresses=tuple(a for n, a in self.addresses.items() if n.startswith("draft")),
-                target_addresses=tuple(a for n, a in self.addresses.items() if n.startswith("target")),
+                draft_addresses=tuple(self.addresses[n] for n in self.names if n.startswith("draft")),
+                target_addresses=tuple(self.addresses[n] for n in self.names if n.startswith("target")),
                 redis_url=self.redis_url, tokenizer=self.models["target"] if has_tokenizer else None,
                 max_gamma=self.max_gamma, metrics_port=self.metrics_ports["orchestrator"],
                 draft_ahead=self.draft_ahead, replicas=self.replicas, metrics_host=self.host,
@@ -224,6 +224,21 @@ class LocalCluster:
                 raise RuntimeError(f"port {port} ({name} metrics) on {self.host} is in use")
             self.metrics_ports[name] = free_port()
             self._say(f"tandem: port {port} is in use: {name} serves its metrics on {self.metrics_ports[name]}")
+
+    def _start_workers(self, free_port: Callable[[], int]) -> None:
+        """Start every worker at once (each spends seconds importing and loading its model) and
+        supervise each one that started, so that stop() ends them even when another failed."""
+        starters = {name: self._worker_starter(name, free_port()) for name in self.names}
+        with concurrent.futures.ThreadPoolExecutor(len(starters)) as pool:
+            started = {name: pool.submit(start) for name, start in starters.items()}
+        failure = None
+        for name, future in started.items():
+            try:
+                self.supervisor.add(name, starters[name], future.result())
+            except BaseException as e:
+                failure = failure or e
+        if failure:
+            raise failure
 
     def _worker_starter(self, name: str, port: int) -> Callable[[], subprocess.Popen]:
         """How to start (and restart) worker `name` on `port`."""

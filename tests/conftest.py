@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny model pair saved and loaded through from_pretrained, a real Redis,
 real worker processes, and one Ray Serve session for the whole test run."""
 
+import concurrent.futures
 import os
 
 import pytest
@@ -86,8 +87,9 @@ def workers(pair, otlp):
     from tandem.orchestrator.redis_server import free_port
 
     ports = {"draft": free_port(), "target": free_port()}  # Prometheus
-    procs = [spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32", metrics_port=ports[kind])
-             for kind in ("draft", "target")]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once: each takes seconds to load
+        procs = list(pool.map(lambda kind: spawn_worker(kind, pair[kind], "127.0.0.1", 1, "cpu", "float32",
+                                                        metrics_port=ports[kind]), ("draft", "target")))
     yield {"draft": procs[0][1], "target": procs[1][1], "pids": {"draft": procs[0][0].pid, "target": procs[1][0].pid},
            "metrics_ports": ports}
     stop_processes([proc for proc, _ in procs])

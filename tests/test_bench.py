@@ -13,7 +13,8 @@ from tandem.math.analytic import expected_tokens
 
 def cycle(gamma, accepted, output, draft=1.0, verify=4.0, drafted_ahead=False, ahead=0.0):
     return {"gamma": gamma, "accepted": accepted, "output_tokens": output, "start_ms": 0.0, "draft_ms": draft,
-            "verify_ms": verify, "transport_ms": 0.5, "redis_ms": 0.3, "orchestration_ms": 0.2, "wire_bytes": 100,
+            "verify_ms": verify, "wait_ms": 0.4, "transport_ms": 0.5, "redis_ms": 0.3, "orchestration_ms": 0.2,
+            "wire_bytes": 100,
             "drafted_ahead": drafted_ahead, "ahead_ms": ahead}
 
 
@@ -52,9 +53,9 @@ def test_analytic_bound_is_expected_tokens_over_compute_in_target_token_units():
 
 def test_cycle_split_leaves_the_overlapped_redis_commit_off_the_critical_path():
     split = summary.cycle_split([run("gamma_2", 0, 3, 1.0, [cycle(2, 2, 3, 2.0, 6.0)])])
-    assert split["total_ms"] == pytest.approx(2.0 + 6.0 + 0.5 + 0.2)
+    assert split["total_ms"] == pytest.approx(2.0 + 6.0 + 0.4 + 0.5 + 0.2)
     assert split["redis_ms"] == 0.3 and split["wire_bytes_per_cycle"] == 100
-    assert split["orchestration_share"] == pytest.approx(0.2 / 8.7)
+    assert split["orchestration_share"] == pytest.approx(0.2 / 9.1)
 
 
 def test_cycle_split_counts_blocks_drafted_ahead_among_drafting_cycles():
@@ -99,5 +100,6 @@ def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
     merged = add_unbatched(config, cluster["address"], tmp_path)
     assert {"unbatched_gamma_0", "unbatched_adaptive", "adaptive"} <= set(merged["concurrency"])
     assert "| tandem adaptive γ, unbatched | 2 |" in (tmp_path / "bench.md").read_text()
+    assert merged["concurrency"]["adaptive"][1]["cycle"]["total_ms"] > 0
     assert results["peak_memory_mb"]["draft"] > 0 and results["peak_memory_mb"]["target"] > 0
     assert "| tandem γ=2 |" in (tmp_path / "bench.md").read_text()

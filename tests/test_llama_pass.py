@@ -38,8 +38,13 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("attention", ["small products", "fused kernel"])
 @pytest.mark.parametrize("case", CASES)
-def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, case):
+def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, monkeypatch, case, attention):
+    """On the CPU a session's attention over few queries × keys takes three small products, over
+    many the fused kernel: both match Hugging Face's."""
+    if attention == "fused kernel":
+        monkeypatch.setattr("tandem.services.llama.SMALL_ATTENTION", 0)
     path, hf = _load(tmp_path, "m", **CASES[case])
     assert unsupported(hf) is None
     runtime = ModelRuntime(path)

@@ -1,6 +1,7 @@
 """The pair shipped in models/: loads the way users load it, shares one vocabulary, and its
 tokenizer gives back code exactly."""
 
+import concurrent.futures
 import json
 from pathlib import Path
 
@@ -69,7 +70,9 @@ def shipped_workers():
     """The shipped pair served by real `tandem worker` processes."""
     from tandem.local import spawn_worker, stop_processes
 
-    procs = [spawn_worker(kind, str(MODELS / kind), "127.0.0.1", 1, "cpu", "float32") for kind in ("draft", "target")]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once: each takes seconds to load
+        procs = list(pool.map(lambda kind: spawn_worker(kind, str(MODELS / kind), "127.0.0.1", 1, "cpu", "float32"),
+                              ("draft", "target")))
     yield {"draft": procs[0][1], "target": procs[1][1]}
     stop_processes([proc for proc, _ in procs])
 

@@ -32,6 +32,7 @@ class BenchConfig:
     seed: int = 0
     progress: bool = True
     draft_ahead: bool | None = True  # the local cluster's setting (reported); None: a cluster at --address
+    interleaved: bool = True  # False: the concurrency sweep only
 
     @property
     def cluster_modes(self) -> list[str]:
@@ -75,6 +76,8 @@ def measure(config: BenchConfig, address: str) -> tuple[list[Run], dict]:
     hf = HFRunner(config.target_model, config.draft_model, config.threads)
     order = random.Random(config.seed)
     runs: list[Run] = []
+    if not config.interleaved:
+        return runs, concurrency_sweep(config, address, prompts, hf)
     with Client(address) as client:
         with _progress(len(config.workloads) * len(config.modes), "warm-up", config.progress) as bar:
             for workload in config.workloads:
@@ -99,6 +102,8 @@ def concurrency_sweep(config: BenchConfig, address: str, prompts: list[list[int]
     (keys prefixed with `prefix`), and HF's target alone in batches of the same size when `hf`
     is given → {mode: [row per level]}."""
     modes = [m for m in ("gamma_0", "adaptive") if m in config.cluster_modes] + (["hf_target"] if hf else [])
+    for mode in modes[:2]:  # warm up a cluster that has not run these modes yet
+        concurrent_runs(address, mode, "greedy", [p[:16] for p in prompts[:4]], 8, 4, config.seed)
     concurrency: dict[str, list[dict]] = {}
     with _progress(len(modes) * len(config.concurrency), f"{prefix}concurrency", config.progress) as bar:
         for mode in modes:
@@ -142,7 +147,7 @@ def run_bench(config: BenchConfig, address: str, out_dir: str | Path, worker_pid
         "machine": machine(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "duration_s": time.time() - started,
-        "workloads": {w: summary.summarize(runs, w, config.modes, max_gamma) for w in config.workloads},
+        "workloads": {w: summary.summarize(runs, w, config.modes, max_gamma) for w in config.workloads if runs},
         "greedy_identical_to_target": summary.greedy_identity(runs),
         "concurrency": concurrency,
         "peak_memory_mb": memory,

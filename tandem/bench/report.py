@@ -59,17 +59,17 @@ def _speed_table(rows: dict) -> list[str]:
 
 
 def _cycle_table(rows: dict) -> list[str]:
-    lines = ["| mode | mean γ | draft ms | verify ms | transport ms | orchestration ms | cycle ms "
+    lines = ["| mode | mean γ | draft ms | verify ms | wait ms | transport ms | orchestration ms | cycle ms "
              "| orchestration share | transport + orchestration share | Redis ms (overlapped) "
              "| drafted ahead | ahead ms (overlapped) | wire bytes / cycle |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in rows.items():
         c = r.get("cycle")
         if not c:
             continue
         lines.append(
             f"| {label(mode)} | {_x(r.get('mean_gamma'))} | {_x(c['draft_ms'])} | {_x(c['verify_ms'])} "
-            f"| {_x(c['transport_ms'])} | {_x(c['orchestration_ms'])} | {_x(c['total_ms'])} "
+            f"| {_x(c.get('wait_ms'))} | {_x(c['transport_ms'])} | {_x(c['orchestration_ms'])} | {_x(c['total_ms'])} "
             f"| {_x(_pct(c['orchestration_share']), 1, '%')} | {_x(_pct(c['overhead_share']), 1, '%')} "
             f"| {_x(c['redis_ms'])} | {_x(_pct(c['drafted_ahead_share']), 0, '%')} | {_x(c['ahead_ms'])} "
             f"| {c['wire_bytes_per_cycle']:.0f} |")
@@ -111,6 +111,18 @@ def markdown(results: dict) -> str:
                              f"| {_ms(c['ttft_ms'], 'p50')} / {_ms(c['ttft_ms'], 'p99')} "
                              f"| {_ms(c.get('itl_ms'), 'p50')} / {_ms(c.get('itl_ms'), 'p99')} "
                              f"| {_ms(c['latency_ms'], 'p50')} / {_ms(c['latency_ms'], 'p90')} |")
+        lines += ["", "Where a cycle's time goes at each load (means per cycle, ms; wait: the worker calls waiting "
+                  "for passes of other sessions' work):", "",
+                  "| mode | sessions in flight | mean γ | draft | verify | wait | transport | orchestration | cycle |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for mode, levels in results["concurrency"].items():
+            for c in levels:
+                split = c.get("cycle")
+                if split:
+                    lines.append(f"| {label(mode)} | {c['in_flight']} | {_x(c.get('mean_gamma'))} "
+                                 + "".join(f"| {_x(split.get(p), 1)} " for p in
+                                           ("draft_ms", "verify_ms", "wait_ms", "transport_ms", "orchestration_ms",
+                                            "total_ms")) + "|")
     lines += ["", "## Peak memory (VmHWM)", "", "| process | MiB |", "|---|---|"]
     lines += [f"| {k} | {_x(v, 0)} |" for k, v in results["peak_memory_mb"].items()]
     return "\n".join(lines) + "\n"
@@ -122,8 +134,9 @@ def plots(results: dict, runs: list[Run], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    _speedup_vs_gamma(plt, results, out / "speedup_vs_gamma.png")
-    _acceptance_by_position(plt, results, out / "acceptance_by_position.png")
+    if results["workloads"]:  # not with --concurrency-only
+        _speedup_vs_gamma(plt, results, out / "speedup_vs_gamma.png")
+        _acceptance_by_position(plt, results, out / "acceptance_by_position.png")
     _timeline(plt, runs, out / "cycle_timeline.png")
     _concurrency(plt, results, out / "throughput_vs_concurrency.png")
 
@@ -177,16 +190,17 @@ def _timeline(plt, runs, path):
         return
     # Transport is split around the calls in reality; drawn as one piece. Redis comes last: it
     # runs while the next cycle's first call is under way.
-    parts = [("draft_ms", "draft", "C0"), ("verify_ms", "verify", "C1"), ("transport_ms", "transport", "C7"),
-             ("orchestration_ms", "orchestration", "C2"), ("redis_ms", "Redis (overlapped)", "C3")]
+    parts = [("draft_ms", "draft", "C0"), ("verify_ms", "verify", "C1"), ("wait_ms", "wait (batching)", "C8"),
+             ("transport_ms", "transport", "C7"), ("orchestration_ms", "orchestration", "C2"),
+             ("redis_ms", "Redis (overlapped)", "C3")]
     cycles = run.stats["per_cycle"]
     fig, ax = plt.subplots(figsize=(10, 0.22 * len(cycles) + 1.5))
     ahead_labelled = False
     for i, c in enumerate(cycles):
         x = c["start_ms"]
         for key, name, color in parts:
-            ax.broken_barh([(x, c[key])], (i - 0.4, 0.8), color=color, label=name if i == 0 else None)
-            x += c[key]
+            ax.broken_barh([(x, c.get(key, 0.0))], (i - 0.4, 0.8), color=color, label=name if i == 0 else None)
+            x += c.get(key, 0.0)
         if c["ahead_ms"]:  # the draft worker drafting past the block, alongside its verify
             ax.broken_barh([(c["start_ms"] + c["draft_ms"], c["ahead_ms"])], (i + 0.05, 0.35), color="C4",
                            label=None if ahead_labelled else "draft ahead (overlapped)")

@@ -15,7 +15,7 @@ from tandem.bench.runs import Run
 from tandem.math.acceptance import verified_tokens
 from tandem.math.analytic import expected_tokens
 
-PARTS = ("draft_ms", "verify_ms", "transport_ms", "redis_ms", "orchestration_ms")
+PARTS = ("draft_ms", "verify_ms", "wait_ms", "transport_ms", "redis_ms", "orchestration_ms")
 
 
 def spread(values: list[float]) -> dict:
@@ -96,8 +96,8 @@ def cycle_split(runs: list[Run]) -> dict:
     cs = cycles(runs)
     if not cs:
         return {}
-    split = {p: float(np.mean([c[p] for c in cs])) for p in PARTS}
-    total = split["draft_ms"] + split["verify_ms"] + split["transport_ms"] + split["orchestration_ms"]
+    split = {p: float(np.mean([c.get(p, 0.0) for c in cs])) for p in PARTS}
+    total = sum(split[p] for p in PARTS if p != "redis_ms")
     split["total_ms"] = total
     split["orchestration_share"] = split["orchestration_ms"] / total if total else None
     split["overhead_share"] = (split["transport_ms"] + split["orchestration_ms"]) / total if total else None
@@ -161,4 +161,6 @@ def concurrency_row(runs: list[Run], wall_s: float, in_flight: int) -> dict:
         "ttft_ms": percentiles_ms([r.ttft_s for r in runs]),
         "itl_ms": percentiles_ms([g for r in runs for g in r.gaps_s]),
         "per_session_tokens_per_s": spread([r.tokens_per_s for r in runs]),
+        "cycle": cycle_split(runs),  # where a cycle's time goes at this load
+        "mean_gamma": float(np.mean([c["gamma"] for c in cycles(runs)])) if cycles(runs) else None,
     }
