@@ -53,7 +53,7 @@ MIB = 1 << 20
 # per message without the size limit. Large valid calls: +14/+15 MiB measured after ten, +70 and
 # +185 MiB without the fixes.
 OVERSIZED_BOUND, LARGE_BOUND, FUZZ_BOUND = 64 * MIB, 48 * MIB, 64 * MIB
-FUZZ_BUDGET_S = 6  # per worker
+FUZZ_BUDGET_S = 4  # per worker
 
 
 # --- wire bytes, written by hand so that any field can hold any value -----------------------
