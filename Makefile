@@ -6,13 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test protos clean
 
-# --no-compile: Python byte-compiles the modules it imports when it first imports them; compiling
-# all of torch, Ray and transformers at install time costs CI minutes for files never loaded.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q --no-compile torch==2.13.0
-	$(VENV)/bin/pip install -q --no-compile -e '.[dev]'
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
