@@ -13,6 +13,7 @@ Logits agree to ~1e-5 (tests/test_llama_pass.py), and greedy outputs match.
 Models this pass does not cover exactly (`unsupported` says why) run through Hugging Face.
 """
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,11 +138,10 @@ class LlamaPass:
         the projections, the rotary embedding and the MLPs (T = all their tokens), attention per
         session against its own cache → each feed's logits [keep, V]. Call under inference_mode."""
         lengths = [len(f.tokens) for f in feeds]
-        masks = []  # per feed: query i sees keys 0..start+i; a single query needs no mask
+        masks = []
         for f, n in zip(feeds, lengths):
             f.cache.reserve(f.start + n, held=f.start)
-            masks.append(None if n == 1 else torch.ones(n, f.start + n, dtype=torch.bool, device=self.device)
-                         .tril(f.start))
+            masks.append(self._mask(f.start, n))
         cos, sin = self._rope([f.start for f in feeds], lengths)  # [T, 1, d] each
         tokens = [t for f in feeds for t in f.tokens]
         x = self.embed[torch.tensor(tokens, device=self.device)]  # [T, H]
@@ -151,48 +151,67 @@ class LlamaPass:
             x = x + self._attention(layer, h, caches, lengths, cos, sin, masks)
             gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).split(self.intermediate, -1)
             x = x + F.linear(F.silu(gate) * up, layer["down"])
-        ends = torch.tensor(lengths).cumsum(0).tolist()
-        last = [x[end - f.keep:end] for f, end in zip(feeds, ends)]
-        last = last[0] if len(feeds) == 1 else torch.cat(last)  # [K, H], K = the keeps' sum
-        logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V]
+        if len(feeds) == 1:
+            return [F.linear(self._rms_norm(x[-feeds[0].keep:], self.norm), self.head)]  # [keep, V]
+        last = torch.cat([x[end - f.keep:end] for f, end in zip(feeds, itertools.accumulate(lengths))])  # [K, H]
+        logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V], K = the keeps' sum
         return list(logits.split([f.keep for f in feeds]))
+
+    def _small(self, n: int, length: int) -> bool:
+        """Whether n queries over `length` keys take the three small products (else the fused kernel)."""
+        return self.device.type == "cpu" and n * length <= SMALL_ATTENTION
+
+    def _mask(self, start: int, n: int) -> torch.Tensor | None:
+        """What n queries at start.. may see, in the form their attention path takes: query i sees
+        keys 0..start+i. None for one query (it sees everything); for the small products an
+        additive [group·n, L] bias in their row order, else a boolean [n, L] for the fused kernel."""
+        if n == 1:
+            return None
+        allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)  # [n, L]
+        if not self._small(n, start + n):
+            return allowed
+        bias = torch.zeros(n, start + n, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
+        return bias.repeat(self.heads // self.kv_heads, 1)  # [group·n, L]
 
     def _attention(self, layer, h, caches, lengths, cos, sin, masks) -> torch.Tensor:
         """h [T, H] → attention output [T, H]; caches: per feed, (its layer's [2, kv, capacity, d]
-        buffer, its start)."""
+        buffer, its start). Per session: one copy of its new keys and values, its attention
+        written straight into the output's rows."""
         d, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
         q, k, v = F.linear(h, layer["qkv"]).split([heads * d, kv_heads * d, kv_heads * d], -1)  # [T, ·]
-        q = _rotate(q.view(-1, heads, d), cos, sin)  # [T, h, d]
+        q = _rotate(q.view(-1, heads, d), cos, sin) * d**-0.5  # [T, h, d], scaled once for every session
         k = _rotate(k.view(-1, kv_heads, d), cos, sin)  # [T, kv, d]
-        v = v.view(-1, kv_heads, d)
-        outs = []
-        for (kv, start), n, mask, qs, ks, vs in zip(caches, lengths, masks, q.split(lengths), k.split(lengths),
-                                                    v.split(lengths)):
+        new = torch.stack((k, v.view(-1, kv_heads, d))).transpose(1, 2)  # [2, kv, T, d]
+        out = q.new_empty(q.shape[0], heads * d)  # [T, h·d]
+        at = 0
+        for (kv, start), n, mask in zip(caches, lengths, masks):
             end = start + n
-            kv[0, :, start:end] = ks.transpose(0, 1)  # [kv, n, d]
-            kv[1, :, start:end] = vs.transpose(0, 1)
-            outs.append(self._attend(qs, kv[0, :, :end], kv[1, :, :end], mask))
-        return F.linear(outs[0] if len(outs) == 1 else torch.cat(outs), layer["o"])  # [T, H]
+            kv[:, :, start:end] = new[:, :, at:at + n]
+            self._attend(q[at:at + n], kv[0, :, :end], kv[1, :, :end], mask, out[at:at + n])
+            at += n
+        return F.linear(out, layer["o"])  # [T, H]
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
-        """One session's attention: q [n, h, d] over keys and values [kv, L, d] → [n, h·d]. A
-        few queries on the CPU take three small products (each key head's query heads side by
-        side, no copy of the keys), a tenth of the fused kernel's fixed cost there; long ones,
-        and every device's, take the fused kernel, whose memory stays linear in L."""
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, out: torch.Tensor) -> None:
+        """One session's attention: scaled q [n, h, d] over keys and values [kv, L, d] → out
+        [n, h·d]. A few queries on the CPU take three small products (each key head's query heads
+        side by side, no copy of the keys), a tenth of the fused kernel's fixed cost there; long
+        ones, and every device's, take the fused kernel, whose memory stays linear in L."""
         n, heads, d = q.shape
         kv_heads, length = keys.shape[0], keys.shape[1]
-        if self.device.type != "cpu" or n * length > SMALL_ATTENTION:
-            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
-                                                 enable_gqa=True)  # [1, h, n, d]
-            return out[0].transpose(0, 1).reshape(n, heads * d)
+        if not self._small(n, length):
+            att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
+                                                 scale=1.0, enable_gqa=True)  # [1, h, n, d]
+            out.copy_(att[0].transpose(0, 1).reshape(n, heads * d))
+            return
         group = heads // kv_heads
+        if n == 1:  # a decode step: the query row is already [kv, group, d], and so is its output row
+            scores = torch.bmm(q.view(kv_heads, group, d), keys.transpose(1, 2))  # [kv, group, L]
+            torch.bmm(_softmax(scores), values, out=out.view(kv_heads, group, d))
+            return
         grouped = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
-        scores = torch.bmm(grouped, keys.transpose(1, 2)) * d**-0.5  # [kv, group·n, L]
-        if mask is not None:
-            scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
-        weights = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
-        out = torch.bmm(weights, values)  # [kv, group·n, d]
-        return out.view(kv_heads, group, n, d).permute(2, 0, 1, 3).reshape(n, heads * d)
+        scores = torch.baddbmm(mask, grouped, keys.transpose(1, 2))  # [kv, group·n, L], masked
+        att = torch.bmm(_softmax(scores), values)  # [kv, group·n, d]
+        out.view(n, kv_heads, group, d).copy_(att.view(kv_heads, group, n, d).permute(2, 0, 1, 3))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -214,8 +233,16 @@ class LlamaPass:
             self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
         if len(starts) == 1:
             return self._cos[starts[0]:end, None], self._sin[starts[0]:end, None]
-        at = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(self.device)  # [T]
+        # From a list: one small tensor, where an arange per feed cost ~0.1 ms each.
+        at = torch.tensor([p for s, n in zip(starts, lengths) for p in range(s, s + n)], device=self.device)  # [T]
         return self._cos[at, None], self._sin[at, None]
+
+
+def _softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, computed in float32 whatever the model's dtype."""
+    if scores.dtype == torch.float32:
+        return scores.softmax(-1)
+    return scores.softmax(-1, dtype=torch.float32).to(scores.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

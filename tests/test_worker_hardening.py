@@ -53,7 +53,7 @@ MIB = 1 << 20
 # per message without the size limit. Large valid calls: +14/+15 MiB measured after ten, +70 and
 # +185 MiB without the fixes.
 OVERSIZED_BOUND, LARGE_BOUND, FUZZ_BOUND = 64 * MIB, 48 * MIB, 64 * MIB
-FUZZ_BUDGET_S = 4  # per worker
+FUZZ_EXAMPLES = 60  # per worker: a count, not a time budget, so slow machines test as much
 
 
 # --- wire bytes, written by hand so that any field can hold any value -----------------------
@@ -495,15 +495,13 @@ def test_fuzz(workers, kind):
     valid = [propose(session_id=f"ok{i}") for i in range(3)] if kind == "draft" else \
         [verify(session_id="ok0"), sampled_verify(session_id="ok1")]
     requests = st.one_of(mangled(proposals() if kind == "draft" else verifications()), st.sampled_from(valid))
-    before, deadline = worker.rss, time.monotonic() + FUZZ_BUDGET_S
+    before = worker.rss
     seen = {}
 
-    @settings(max_examples=600, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(payloads=st.lists(requests, min_size=1, max_size=3), streamed=st.booleans())
     def run(payloads, streamed):
-        if time.monotonic() > deadline:
-            return  # the time budget is spent: the remaining examples do nothing
         if streamed:
             code, details = status(worker.raw_stream, MAIN_RPC[kind] + "Stream", payloads)
         else:
@@ -512,6 +510,6 @@ def test_fuzz(workers, kind):
         assert code == grpc.StatusCode.OK or code in REFUSALS, f"{code}: {details}"
 
     run()
-    assert sum(seen.values()) >= 50 and grpc.StatusCode.OK in seen, seen
+    assert sum(seen.values()) >= FUZZ_EXAMPLES // 2 and grpc.StatusCode.OK in seen, seen
     worker.assert_serving()
     assert worker.rss <= before + FUZZ_BOUND, (before / MIB, worker.rss / MIB)
