@@ -276,7 +276,7 @@ def test_the_largest_valid_requests_fit(workers):
 def test_oversized_messages_are_refused_before_they_are_allocated(workers):
     garbage = os.urandom(50_000_000)
     tokens = worker_pb2.ProposeRequest(session_id="big", tokens=[5] * 50_000_000, gamma=1).SerializeToString()
-    for kind, payloads in (("draft", [tokens] * 5 + [garbage] * 5), ("target", [garbage] * 5)):
+    for kind, payloads in (("draft", [tokens] * 10 + [garbage] * 10), ("target", [garbage] * 10)):
         worker = workers[kind]
         before = worker.rss
         for payload in payloads:
@@ -510,6 +510,6 @@ def test_fuzz(workers, kind):
         assert code == grpc.StatusCode.OK or code in REFUSALS, f"{code}: {details}"
 
     run()
-    assert sum(seen.values()) >= FUZZ_EXAMPLES // 2 and grpc.StatusCode.OK in seen, seen
+    assert sum(seen.values()) >= 50 and grpc.StatusCode.OK in seen, seen
     worker.assert_serving()
     assert worker.rss <= before + FUZZ_BOUND, (before / MIB, worker.rss / MIB)

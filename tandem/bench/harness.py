@@ -101,8 +101,9 @@ def concurrency_sweep(config: BenchConfig, address: str, prompts: list[list[int]
     """Greedy sessions at each level of sessions in flight: the cluster with γ = 0 and adaptive
     (keys prefixed with `prefix`), and HF's target alone in batches of the same size when `hf`
     is given → {mode: [row per level]}."""
-    modes = [m for m in ("gamma_0", "adaptive") if m in config.cluster_modes] + (["hf_target"] if hf else [])
-    for mode in modes[:2]:  # warm up a cluster that has not run these modes yet
+    cluster_modes = [m for m in ("gamma_0", "adaptive") if m in config.cluster_modes]
+    modes = cluster_modes + (["hf_target"] if hf else [])
+    for mode in cluster_modes:  # warm up a cluster that has not run these modes yet
         concurrent_runs(address, mode, "greedy", [p[:16] for p in prompts[:4]], 8, 4, config.seed)
     concurrency: dict[str, list[dict]] = {}
     with _progress(len(modes) * len(config.concurrency), f"{prefix}concurrency", config.progress) as bar:

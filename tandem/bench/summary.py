@@ -162,5 +162,5 @@ def concurrency_row(runs: list[Run], wall_s: float, in_flight: int) -> dict:
         "itl_ms": percentiles_ms([g for r in runs for g in r.gaps_s]),
         "per_session_tokens_per_s": spread([r.tokens_per_s for r in runs]),
         "cycle": cycle_split(runs),  # where a cycle's time goes at this load
-        "mean_gamma": float(np.mean([c["gamma"] for c in cycles(runs)])) if cycles(runs) else None,
+        "mean_gamma": acceptance(runs).get("mean_gamma"),
     }
