@@ -153,8 +153,11 @@ class SpeculativeLoop:
 
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
-        request still wants, and 0 while no draft worker is available."""
-        if not self.drafts.available():
+        request still wants, and 0 while no draft worker is available. An adaptive session's
+        first token comes from the target's prefill alone: a block drafted before it would make
+        the caller wait for the draft's prefill and γ steps too (queued behind every other
+        session's at load), and the draft prefills with its first block in the next cycle."""
+        if not self.drafts.available() or (s.fixed_gamma is None and generated == 0):
             return 0
         wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
         return max(0, min(wanted, s.max_tokens - generated - 1))

@@ -14,6 +14,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the server extra's; imported where a command needs it
+    from tandem.orchestrator.config import OrchestratorConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODELS = PROJECT_ROOT / "models"
@@ -196,19 +200,27 @@ def cmd_up(args) -> None:
     print("tandem stopped", flush=True)
 
 
-def cmd_orchestrator(args) -> None:
-    from tandem.orchestrator.app import start_ingress, stop_ingress
+def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
+    """The OrchestratorConfig that `tandem orchestrator` runs with, from its parsed flags (and
+    $TANDEM_API_KEY); SystemExit with one line naming the problem. The Helm chart's RayService
+    builds its application with it too (tandem.serve_app)."""
     from tandem.orchestrator.config import OrchestratorConfig
 
     tls = _tls_files(args, "orchestrator")
     try:
-        config = OrchestratorConfig(
+        return OrchestratorConfig(
             draft_addresses=_addresses(args.draft), target_addresses=_addresses(args.target),
             redis_url=args.redis_url, tokenizer=args.tokenizer, max_gamma=args.max_gamma,
             metrics_port=args.metrics_port, draft_ahead=not args.no_draft_ahead, replicas=args.replicas, tls=tls,
             metrics_host=args.host, **_ingress_options(args, "orchestrator"))
     except ValueError as e:
         raise SystemExit(f"tandem orchestrator: {e}") from None
+
+
+def cmd_orchestrator(args) -> None:
+    from tandem.orchestrator.app import start_ingress, stop_ingress
+
+    config = orchestrator_config(args)
     _check_ingress_port(args.grpc_port, "orchestrator")
     start_ingress(config, args.grpc_port, host=args.host)
     print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)

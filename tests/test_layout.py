@@ -6,7 +6,7 @@
       ↑
     tandem.services (workers)        tandem.orchestrator (reaches workers only over gRPC)
       ↑                                ↑
-    the top: cli, local, suitability, bench
+    the top: cli, serve_app, local, suitability, bench
 
 Everything installed imports under `tandem.`, never as a bare `services` or `orchestrator`.
 """
@@ -60,7 +60,7 @@ def _imports_of(*packages: str) -> dict[str, set[str]]:
 
 def test_the_tree_is_what_the_wheel_installs():
     assert {"tandem.client", "tandem.wire.generation", "tandem.math.sampling", "tandem.services.server",
-            "tandem.orchestrator.cycle", "tandem.cli"} <= set(MODULES)
+            "tandem.orchestrator.cycle", "tandem.cli", "tandem.serve_app"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("folder", ["tandem", "services", "orchestrator", "tests", "benchmarks", "models"])
@@ -98,7 +98,7 @@ def test_the_math_is_the_bottom_layer_and_only_its_sampling_uses_torch():
 
 
 def test_workers_and_orchestrator_meet_only_on_the_wire():
-    top = ("tandem.cli", "tandem.local", "tandem.suitability", "tandem.bench")
+    top = ("tandem.cli", "tandem.serve_app", "tandem.local", "tandem.suitability", "tandem.bench")
     for module, found in _imports_of("tandem.services").items():
         assert not {n for n in found if _in(n, "tandem.orchestrator", *top)}, f"{module} reaches past the wire"
     for module, found in _imports_of("tandem.orchestrator").items():

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from tandem.math.params import SamplingParams
+from tandem.orchestrator.policy import GammaPolicy
 
 from cycles import generate, open_session, release, running_loop
 from test_cluster import hf_greedy
@@ -161,3 +162,16 @@ def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(worker
 
     head, rest, reason = asyncio.run(run())
     assert head + rest == expected and reason == "taken over"
+
+
+def test_an_adaptive_session_gets_its_first_token_from_the_target_alone(workers, redis_url, pair, target_model):
+    """The first cycle runs no draft call (the caller waits only for the target's prefill); the
+    draft prefills with its first block in the second cycle. A fixed γ drafts from the first."""
+    prompt = pair["prompts"][5]
+    params = SamplingParams(temperature=0.0)
+    adaptive, cycles = _generate(workers, redis_url, pair, prompt, params, None, True, "first-adaptive", 20)
+    fixed, fixed_cycles = _generate(workers, redis_url, pair, prompt, params, 3, True, "first-fixed", 20)
+    assert (cycles[0].gamma, cycles[0].draft_ms, cycles[0].output_tokens) == (0, 0.0, 1)
+    assert cycles[1].gamma == GammaPolicy().initial_gamma and cycles[1].draft_ms > 0
+    assert fixed_cycles[0].gamma == 3
+    assert adaptive == fixed == hf_greedy(target_model, prompt, 20)

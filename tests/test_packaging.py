@@ -59,8 +59,8 @@ def test_wheel_holds_one_top_level_package(wheel):
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["tandem"]
     for module in ("tandem/client.py", "tandem/services/server.py", "tandem/orchestrator/cycle.py",
-                   "tandem/wire/generation.py", "tandem/math/sampling.py", "tandem/v1/generation_pb2.py",
-                   "tandem/v1/generation_pb2.pyi", "tandem/py.typed"):
+                   "tandem/serve_app.py", "tandem/wire/generation.py", "tandem/math/sampling.py",
+                   "tandem/v1/generation_pb2.py", "tandem/v1/generation_pb2.pyi", "tandem/py.typed"):
         assert module in names
     assert not [n for n in names if "randompair" in n or n.startswith(("tests/", "benchmarks/", "models/"))]
 
