@@ -279,12 +279,17 @@ class SpeculativeLoop:
         return (time.perf_counter() - start) * 1e3
 
     async def _propose(self, s: Session, gamma: int, parent: Context) -> Reply | None:
-        """Draft γ tokens; None when no draft worker is available (the cycle runs at γ = 0)."""
+        """Draft γ tokens; None when no draft worker is available or none drafted the block (the
+        cycle runs at γ = 0)."""
 
         def call(client, cache_len: int, tokens: list[int]):
             return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, writer=s.owner)
 
         reply = await self._on_worker(s, self.drafts, call, parent)
+        if reply is not None and reply.answer is None:
+            # Even the re-prefill missed: the session was released between two of its block's
+            # draft steps (another writer took it over, or the caller's release crossed the call).
+            reply = None
         if reply is None:
             metrics.undrafted_cycles.inc()
         return reply
