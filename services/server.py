@@ -210,11 +210,12 @@ class WorkerServicer:
 
 
 async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int,
-                       tls: TLSFiles | None = None, limits: MessageLimits | None = None) -> tuple[grpc.aio.Server, int]:
+                       tls: TLSFiles | None = None, limits: MessageLimits | None = None,
+                       health_servicer: health.aio.HealthServicer | None = None) -> tuple[grpc.aio.Server, int]:
     """Start a grpc.aio server with the worker servicer and health checking; returns (server, port).
     With `tls`, only clients presenting a certificate that its CA signed get through the handshake.
     `limits`: the worker kind's message limits (tandem.services.limits); by default, what either
-    kind takes for the runtime's model."""
+    kind takes for the runtime's model. `health_servicer`: one to share with a health port."""
     info = runtime.info
     limits = limits or any_worker_limits(info.vocab_size, info.max_context)
     options = [
@@ -225,7 +226,7 @@ async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int
     ]
     server = grpc.aio.server(options=options)
     add_servicer(runtime, _ParsingRegistrar(server))
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_servicer or health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, _ParsingRegistrar(server))
     address = f"{host}:{port}"
     bound = server.add_secure_port(address, server_credentials(tls)) if tls else server.add_insecure_port(address)
@@ -234,6 +235,19 @@ async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int
     await server.start()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     return server, bound
+
+
+async def start_health_server(health_servicer: health.aio.HealthServicer, host: str,
+                              port: int) -> grpc.aio.Server:
+    """A plain-text server of grpc.health.v1 alone, answering the worker's own status: for probes
+    that cannot present a client certificate (Kubernetes' gRPC probe) while the worker's port
+    takes mutual TLS only. It serves nothing else."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    return server
 
 
 async def _stop_when_orphaned(launcher: int, stop: asyncio.Event) -> None:
@@ -245,11 +259,14 @@ async def _stop_when_orphaned(launcher: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
-def _check_ports(host: str, port: int, metrics_port: int) -> None:
-    """Exit with one line if the gRPC or the metrics port is taken."""
-    if port and port == metrics_port:
-        raise SystemExit(f"tandem worker: gRPC and metrics cannot share port {port}")
-    for what, taken in (("gRPC", port), ("metrics", metrics_port)):
+def _check_ports(host: str, port: int, metrics_port: int, health_port: int = 0) -> None:
+    """Exit with one line if the gRPC, metrics or health port is taken, or two are the same."""
+    named = [(what, p) for what, p in (("gRPC", port), ("metrics", metrics_port), ("health", health_port)) if p]
+    for i, (what, p) in enumerate(named):
+        for other, q in named[i + 1:]:
+            if p == q:
+                raise SystemExit(f"tandem worker: {what} and {other} cannot share port {p}")
+    for what, taken in named:
         if port_in_use(host, taken):
             raise SystemExit(port_in_use_line("tandem worker", taken, what, host))
 
@@ -266,14 +283,15 @@ def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
     metrics_port: int = 0, parent_pid: int = 0, tls: TLSFiles | None = None,
-    max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0,
 ) -> None:
     """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM, with
     Prometheus metrics on metrics_port (0: none); with parent_pid, also until the process of
     that pid is no longer this one's parent. With `tls`, mutual TLS only (tandem.tls).
     max_batch_tokens: the tokens one forward pass takes from all sessions' waiting work.
+    health_port: also serve grpc.health.v1 alone there, in plain text (0: no such port).
     Exits with one line (SystemExit) when it cannot listen on a port."""
-    _check_ports(host, port, metrics_port)  # before the model loads: a taken port fails at once
+    _check_ports(host, port, metrics_port, health_port)  # before the model loads: a taken port fails at once
     memory.one_arena()  # before gRPC and torch start their threads
     import torch
 
@@ -294,17 +312,24 @@ def run_worker(
     limits = message_limits(kind, info.vocab_size, info.max_context)
 
     async def main():
+        status = health.aio.HealthServicer()
         try:
-            server, bound = await start_server(add, runtime, host, port, tls, limits)
+            server, bound = await start_server(add, runtime, host, port, tls, limits, status)
         except (RuntimeError, OSError) as e:  # gRPC raises RuntimeError when it cannot bind
             raise SystemExit(_cannot_listen(host, port, "gRPC", e)) from None
+        servers = [server]
+        if health_port:
+            try:
+                servers.append(await start_health_server(status, host, health_port))
+            except (RuntimeError, OSError) as e:
+                raise SystemExit(_cannot_listen(host, health_port, "health", e)) from None
         # One parseable line: launchers (tandem up, tests) read the port from it. batching=pass:
         # all sessions' steps share one forward pass; sequential: one pass each, in turn.
         batching = "pass" if runtime.forward_pass.batched else "sequential"
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
               f"forward={runtime.forward_pass.name} batching={batching} max_batch_tokens={max_batch_tokens}"
-              f"{' tls=on' if tls else ''} "
+              f"{' tls=on' if tls else ''}{f' health_port={health_port}' if health_port else ''} "
               f"max_request_bytes={limits.receive} max_response_bytes={limits.send}", flush=True)
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -313,7 +338,7 @@ def run_worker(
         await stop.wait()
         if watch:
             watch.cancel()
-        await server.stop(grace=2)
+        await asyncio.gather(*(s.stop(grace=2) for s in servers))
         tracing.shutdown()
 
     asyncio.run(main())

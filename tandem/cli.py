@@ -73,7 +73,8 @@ def cmd_worker(args) -> None:
     tls = _tls_files(args, "worker")  # before the model loads: a bad path fails in a moment
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
-               parent_pid=args.parent_pid, tls=tls, max_batch_tokens=args.max_batch_tokens)
+               parent_pid=args.parent_pid, tls=tls, max_batch_tokens=args.max_batch_tokens,
+               health_port=args.health_port)
 
 
 # --- TLS: tandem certs, and the flags of worker and orchestrator --------------------------------
@@ -476,6 +477,9 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     worker.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics here (0: off)")
     worker.add_argument("--max-batch-tokens", type=_positive, default=512, help=MAX_BATCH_TOKENS_HELP)
+    worker.add_argument("--health-port", type=int, default=0,
+                        help="also serve grpc.health.v1 alone here, in plain text, for probes that cannot "
+                             "present a client certificate (Kubernetes' gRPC probe with --tls-*; 0: off)")
     worker.add_argument("--parent-pid", type=int, default=0,
                         help="stop when this process is no longer the worker's parent (tandem up passes its own)")
     _add_tls_flags(worker, "worker")

@@ -627,6 +627,7 @@ def test_container_commands_are_the_tandem_cli(r):
                 assert meta["labels"]["app.kubernetes.io/component"] == pool
                 assert args.host == "0.0.0.0" and args.port == port_named(c, "grpc") == v["port"]
                 assert args.metrics_port == (port_named(c, "metrics") if r.values["metrics"]["enabled"] else 0)
+                assert args.health_port == (port_named(c, "health") if r.values["tls"]["enabled"] else 0)
                 assert (args.device, args.dtype, args.max_cache_mb) == (v["device"], v["dtype"], v["maxCacheMb"])
                 assert args.model in mounts or args.model in dockerfile_paths(), f"{where}: {args.model}"
             elif args.command == "orchestrator":
@@ -750,10 +751,11 @@ def test_probes(r):
     for pool in POOLS:
         c = r.get("Deployment", f"{FULLNAME}-{pool}")["spec"]["template"]["spec"]["containers"][0]
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            if tls:  # the kubelet's gRPC probe has no TLS
-                assert c[probe]["tcpSocket"] == {"port": "grpc"}, probe
-            else:  # native gRPC probes on grpc.health.v1, service "" (what the workers serve)
-                assert c[probe]["grpc"] == {"port": r.values[pool]["port"]}, probe
+            # Native gRPC probes on grpc.health.v1, service "" (what the workers serve); with TLS on
+            # the worker's plain-text health port, since the kubelet's probe speaks no TLS.
+            want = r.values[pool]["healthPort"] if tls else r.values[pool]["port"]
+            assert c[probe]["grpc"] == {"port": want}, probe
+        assert ("--health-port" in c["args"]) == tls
     if r.values["redis"]["mode"] == "builtin":
         c = r.get("StatefulSet", f"{FULLNAME}-redis")["spec"]["template"]["spec"]["containers"][0]
         assert "redis-cli" in c["readinessProbe"]["exec"]["command"][-1]

@@ -20,6 +20,7 @@ import grpc
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem import certs, cli
 from tandem.local import spawn_worker, stop_processes
@@ -27,8 +28,9 @@ from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
 from tandem.orchestrator.pool import WorkerPool
-from tandem.orchestrator.redis_server import EmbeddedRedis
+from tandem.orchestrator.redis_server import EmbeddedRedis, free_port
 from tandem.orchestrator.store import SessionRecord, SessionStore, StoreUnavailable, check_redis_url
+from tandem.services.server import _check_ports
 from tandem.tls import TLSFiles
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -60,14 +62,17 @@ def other_ca_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory, ca_dir):
-    """A draft worker and a target verifier, real `tandem worker` processes serving mutual TLS."""
+    """A draft worker and a target verifier, real `tandem worker` processes serving mutual TLS,
+    each with a plain-text health port (under "health", by kind)."""
     root = tmp_path_factory.mktemp("tls-models")
     config = llama_config(vocab_size=64, layers=1, hidden=32, eos_token_id=2, max_context=64)
     models = {kind: save_random_model(config, str(root / kind), seed=seed) for kind, seed in (("draft", 1),
                                                                                               ("target", 0))}
+    health = {"draft": free_port(), "target": free_port()}
+
     def spawn(kind: str):
         return spawn_worker(kind, models[kind], "127.0.0.1", 1, "cpu", "float32", echo=False,
-                            tls=certs.worker_files(ca_dir))
+                            tls=certs.worker_files(ca_dir), args=["--health-port", str(health[kind])])
 
     # Both at once: each start is mostly imports.
     with ThreadPoolExecutor(2) as pool:
@@ -76,7 +81,7 @@ def workers(tmp_path_factory, ca_dir):
     try:
         for f in futures.values():
             f.result()  # raises a failed start's error, after the started one is in `started`
-        yield {kind: address for kind, (_, address) in started.items()}
+        yield {kind: address for kind, (_, address) in started.items()} | {"health": health}
     finally:
         stop_processes([proc for proc, _ in started.values()])
 
@@ -157,11 +162,27 @@ def test_tls_files_are_all_three_or_none_and_a_bad_one_is_named(ca_dir, tmp_path
 
 
 def test_a_tls_worker_refuses_a_plain_text_client(workers):
-    for address in workers.values():
+    for address in (workers["draft"], workers["target"]):
         with grpc.insecure_channel(address) as channel:
             stub = worker_pb2_grpc.DraftWorkerStub(channel)
             assert _unavailable(lambda: stub.Load(wire.load_request(), timeout=REFUSED_WITHIN_S)) == (
                 grpc.StatusCode.UNAVAILABLE)
+
+
+def test_the_health_port_answers_grpc_health_in_plain_text_and_nothing_else(workers):
+    """For Kubernetes' gRPC probe, which cannot present a client certificate: the worker's own
+    status over grpc.health.v1, and no worker RPC in plain text."""
+    for port in workers["health"].values():
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            stub = worker_pb2_grpc.DraftWorkerStub(channel)
+            assert _unavailable(lambda: stub.Load(wire.load_request(), timeout=10)) == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_health_port_that_is_another_port_of_the_worker_is_refused():
+    with pytest.raises(SystemExit, match="gRPC and health cannot share port 5000"):
+        _check_ports("127.0.0.1", 5000, 0, 5000)
 
 
 def test_a_tls_worker_refuses_clients_the_ca_did_not_sign_and_the_client_refuses_impostors(
