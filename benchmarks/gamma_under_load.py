@@ -4,42 +4,24 @@
 
 Starts `tandem up`'s local cluster (shipped pair, embedded Redis, one torch thread per worker)
 and, for each level and γ in turn, runs that many greedy sessions of up to 128 tokens at once
-over the held-out prompts through the SDK's streaming call. It prints, per run, the aggregate
+over the held-out prompts, measured as `tandem bench`'s concurrency sweep measures a level
+(tandem.bench.runs.concurrent_runs, summary.concurrency_row). It prints, per run, the aggregate
 tokens/s, TTFT p50 and the mean γ of its cycles: what the adaptive policy chose against what
 each fixed γ achieves at the same load (benchmarks/README.md, "Many sessions at once").
 """
 
 import argparse
-import asyncio
 import json
-import statistics
-import time
 
-import tandem
+from transformers import AutoTokenizer
+
+from tandem.bench.runs import cluster_mode, concurrent_runs
+from tandem.bench.summary import concurrency_row
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.local import LocalCluster
 from tandem.orchestrator.redis_server import free_port
 
-
-async def run_level(address: str, prompts: list[str], sessions: int, gamma: int | None) -> dict:
-    async with tandem.AsyncClient(address, timeout_s=600) as client:
-        ttft, gammas = [], []
-
-        async def one(i: int) -> int:
-            start, tokens = time.perf_counter(), 0
-            async for chunk in client.stream(prompts[i % len(prompts)], max_tokens=128, temperature=0, gamma=gamma):
-                if not tokens and chunk.token_ids:
-                    ttft.append(time.perf_counter() - start)
-                tokens += len(chunk.token_ids)
-                if chunk.stats:
-                    gammas.extend(chunk.stats.gammas)
-            return tokens
-
-        start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(one(i) for i in range(sessions))))
-        wall = time.perf_counter() - start
-    return {"sessions": sessions, "gamma": "auto" if gamma is None else gamma, "tokens_per_s": tokens / wall,
-            "ttft_p50_s": statistics.median(ttft), "mean_gamma": statistics.mean(gammas) if gammas else 0.0}
+MAX_TOKENS = 128
 
 
 def main() -> None:
@@ -47,16 +29,19 @@ def main() -> None:
     parser.add_argument("--levels", default="8,16,32,64", help="sessions in flight, comma-separated")
     parser.add_argument("--gammas", default="0,1,2,3,auto", help="fixed γ values and/or 'auto'")
     args = parser.parse_args()
-    prompts = [json.loads(line)["prompt"] for line in open(HELDOUT_PROMPTS)]
-    gammas = [None if g == "auto" else int(g) for g in args.gammas.split(",")]
     draft, target = default_pair()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompts = [tokenizer.encode(json.loads(line)["prompt"]) for line in open(HELDOUT_PROMPTS)]
+    modes = [cluster_mode(None if g == "auto" else int(g)) for g in args.gammas.split(",")]
     with LocalCluster(draft, target, free_port(), threads=1, echo=False, options={"max_sessions": 128}) as cluster:
-        asyncio.run(run_level(cluster.address, prompts, 4, None))  # warm-up: the workers' first passes
+        concurrent_runs(cluster.address, "adaptive", "greedy", prompts[:4], 8, 4, 0)  # warm-up: the first passes
         for sessions in (int(n) for n in args.levels.split(",")):
-            for gamma in gammas:
-                r = asyncio.run(run_level(cluster.address, prompts, sessions, gamma))
-                print(f"{r['sessions']:3d} sessions, γ={r['gamma']}: {r['tokens_per_s']:.1f} tokens/s, "
-                      f"TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms, mean γ {r['mean_gamma']:.2f}", flush=True)
+            batch = [prompts[i % len(prompts)] for i in range(sessions)]
+            for mode in modes:
+                row = concurrency_row(*concurrent_runs(cluster.address, mode, "greedy", batch, MAX_TOKENS, sessions, 0),
+                                      sessions)
+                print(f"{sessions:3d} sessions, {mode}: {row['aggregate_tokens_per_s']:.1f} tokens/s, "
+                      f"TTFT p50 {row['ttft_ms']['p50']:.0f} ms, mean γ {row['mean_gamma'] or 0:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import base64
 import concurrent.futures
 import copy
 import hashlib
-import importlib
 import ipaddress
 import json
 import os
@@ -406,11 +405,11 @@ def test_serve_config_is_ray_serves(rendered):
 
 
 def serve_builder(r: Rendered):
-    """The application builder the RayService's import_path names, imported as Ray Serve does
-    ("module:attribute" or "module.attribute"): what the Ray pods run."""
-    import_path = serve_config(r)["applications"][0]["import_path"]
-    module, _, attribute = import_path.rpartition(":") if ":" in import_path else import_path.rpartition(".")
-    return getattr(importlib.import_module(module), attribute)
+    """The application builder the RayService's import_path names, imported by Ray's own
+    resolver: what the Ray pods run."""
+    from ray._common.utils import import_attr
+
+    return import_attr(serve_config(r)["applications"][0]["import_path"])
 
 
 def cli_config(argv: list[str]):
