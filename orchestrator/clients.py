@@ -169,9 +169,9 @@ class VerifierClient(WorkerClient):
 
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,
-        params: SamplingParams, parent: Context | None = None, writer: str = "",
+        params: SamplingParams, parent: Context | None = None, writer: str = "", verification: str = "token",
     ) -> Reply:
         def encode(trace_context):
-            return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context)
+            return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context, verification)
 
         return await self._call("Verify", encode, wire.verification_from_pb, (session_id, writer), parent)

@@ -28,6 +28,7 @@ class OrchestratorConfig:
     metrics_port: int = 0  # Prometheus metrics of the replica's process; 0: none
     metrics_host: str = "127.0.0.1"  # the interface the metrics listen on
     draft_ahead: bool = True  # draft past each block while the target verifies it (cycle.py)
+    verification: str = "block"  # how drafted blocks are accepted unless a request says: "token" or "block"
     # The ingress's bearer token, as its SHA-256 hex digest: the secret itself never travels in
     # the application's config. None: no token, anyone who reaches the ingress may call it.
     api_key_sha256: str | None = None
@@ -50,6 +51,8 @@ class OrchestratorConfig:
             self.tls.check()  # here, not at the first worker call inside a Ray replica
         if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
             raise ValueError(f"tokenizer directory not found: {self.tokenizer}")
+        if self.verification not in ("token", "block"):
+            raise ValueError(f"verification must be 'token' or 'block', got {self.verification!r}")
         if not 0 <= self.max_gamma <= 64:
             raise ValueError(f"max_gamma must be in [0, 64], got {self.max_gamma}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:

@@ -35,7 +35,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from tandem import tracing
-from tandem.math.acceptance import count_accepted, output_tokens
+from tandem.math.acceptance import accepted_jointly, count_accepted, output_tokens
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniforms
 from tandem.orchestrator import metrics
@@ -72,6 +72,7 @@ class Session:
     max_tokens: int
     policy: GammaPolicy
     fixed_gamma: int | None = None  # None: adaptive
+    verification: str = "token"  # how drafted blocks are accepted: "token" or "block" (tandem.math.block)
     owner: str = ""  # this writer's id: the store commits only its cycles
     cycle: int = 0
     # By pool ("draft", "target"): the session's worker, and how many committed tokens it is
@@ -190,13 +191,17 @@ class SpeculativeLoop:
                 ahead.cancel()
             raise
         verdict = verify.answer
-        # 4. Accept/reject with counter-based uniforms keyed by absolute position.
+        # 4. Accept/reject with counter-based uniforms keyed by absolute position: token by token,
+        #    or the block's prefix jointly where the verifier answered block verification's h.
         position = len(s.tokens)
         accepted = 0
         drafted = proposal.draft_tokens if proposal else []
         if proposal:
             u = uniforms(s.params.seed, position, gamma, Purpose.ACCEPT)
-            accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
+            if verdict.block_accept_probs:
+                accepted = accepted_jointly(verdict.block_accept_probs, u)
+            else:
+                accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
         new = output_tokens(drafted, accepted, verdict.recovered_tokens, verdict.bonus_token)
         new = self._truncate(s, new, remaining=s.max_tokens - s.generated)
         s.cache_lens["target"] = position + accepted
@@ -298,7 +303,8 @@ class SpeculativeLoop:
         """Verify the block, waiting up to verifier_wait_s for a verifier when none is available."""
 
         def call(client, cache_len: int, tokens: list[int]):
-            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, writer=s.owner)
+            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, writer=s.owner,
+                                 verification=s.verification)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:

@@ -23,6 +23,7 @@ class Limits:
     max_gamma: int
     max_tokens_cap: int
     default_max_tokens: int
+    default_verification: str = "block"
 
     @property
     def max_prompt_chars(self) -> int:
@@ -32,9 +33,9 @@ class Limits:
 
     @classmethod
     def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
-           default_max_tokens: int) -> "Limits":
+           default_max_tokens: int, default_verification: str = "block") -> "Limits":
         return cls(min(draft.vocab_size, target.vocab_size), min(draft.max_context, target.max_context),
-                   max_gamma, max_tokens_cap, default_max_tokens)
+                   max_gamma, max_tokens_cap, default_max_tokens, default_verification)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ResolvedRequest:
     max_tokens: int
     params: SamplingParams
     gamma: int | None  # None: adaptive
+    verification: str = "block"  # how drafted blocks are accepted: "token" or "block"
 
 
 def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedRequest:
@@ -69,7 +71,8 @@ def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedReques
             raise invalid("gamma", f"must be >= 0 (or unset for adaptive), got {req.gamma}")
         if req.gamma > limits.max_gamma:
             raise out_of_range("gamma", f"at most {limits.max_gamma}, got {req.gamma}")
-    return ResolvedRequest(prompt, max_tokens, SamplingParams(temperature, top_k, top_p, seed), req.gamma)
+    return ResolvedRequest(prompt, max_tokens, SamplingParams(temperature, top_k, top_p, seed), req.gamma,
+                           req.verification or limits.default_verification)
 
 
 def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:

@@ -55,11 +55,15 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             end = request.cache_len + len(request.tokens) + request.gamma - 1
             check_context("gamma", end, self.runtime.info.max_context)
             params = self.check_sampling(request.sampling)
-            probs = 0 if params.greedy else request.gamma * self.runtime.info.vocab_size
-            job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params)
+            job, probs = self.draft(request, params)
             return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
 
         return await self.answer(context, "Propose", request, work, wire.propose_response)
+
+    def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
+        """The job that answers a checked request, and how many probabilities it returns."""
+        probs = 0 if params.greedy else request.gamma * self.runtime.info.vocab_size
+        return propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params), probs
 
     async def ProposeStream(self, requests, context):
         async for request in requests:

@@ -2,6 +2,7 @@
 
 import torch
 
+from tandem.math.block import block_verdict
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniform, uniforms
 from tandem.math.sampling import verify_block, verify_greedy, warp
@@ -12,15 +13,18 @@ from tandem.services.runtime import ModelRuntime, Step
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
+from tandem.wire.generation import verification_mode_from_pb
 from tandem.wire.validation import check_context, check_token_ids, invalid
 
 
 def verify(
     session_id: str, cache_len: int, tokens: list[int], draft_tokens: list[int],
-    draft_probs: torch.Tensor | None, params: SamplingParams,
+    draft_probs: torch.Tensor | None, params: SamplingParams, verification: str = "token",
 ) -> Job:
     """The job (tandem.services.batching) that checks a draft block in one step → a
-    Verification. draft_probs [γ, V], or None for one-hot drafts. Raises CacheMiss.
+    Verification. draft_probs [γ, V], or None for one-hot drafts. Raises CacheMiss. With
+    verification "block" (and a sampled request) the answer carries block verification's h and
+    recovered tokens from its residuals; greedy, both modes are the same.
 
     The cache ends holding the committed tokens and the whole draft block; the orchestrator's
     next cache_len crops the rejected part away.
@@ -35,14 +39,15 @@ def verify(
         target_probs = warp(logits, params)  # [γ+1, V]
         if draft_probs is None:
             draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
-        verdict = verify_block(
+        verdict = (block_verdict if verification == "block" else verify_block)(
             target_probs, drafts, draft_probs,
             torch.tensor(uniforms(params.seed, position, gamma, Purpose.RECOVERED), dtype=torch.float64),
             uniform(params.seed, position + gamma, Purpose.BONUS),
         )
+    h = verdict.block_accept_probs
     return wire.Verification(
         verdict.target_token_probs.tolist(), verdict.recovered_tokens.tolist(),
-        verdict.bonus_token, 0.0,
+        verdict.bonus_token, 0.0, block_accept_probs=[] if h is None else h.tolist(),
     )
 
 
@@ -59,6 +64,10 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             end = request.cache_len + len(request.tokens) + len(request.draft_tokens)
             check_context("draft_tokens", end, info.max_context)
             params = self.check_sampling(request.sampling)
+            try:
+                verification = verification_mode_from_pb(request.verification) or "token"
+            except ValueError as e:
+                raise invalid("verification", str(e)) from None
             draft_probs = None
             if request.draft_distributions:
                 if len(request.draft_distributions) != len(request.draft_tokens):
@@ -71,7 +80,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 raise invalid("draft_distributions", "required when sampling (temperature > 0)")
             probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
             job = verify(request.session_id, request.cache_len, list(request.tokens), list(request.draft_tokens),
-                         draft_probs, params)
+                         draft_probs, params, verification)
             return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
 
         return await self.answer(context, "Verify", request, work, wire.verify_response)

@@ -119,6 +119,8 @@ def cmd_certs(args) -> None:
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
+VERIFICATION_HELP = ("how drafted blocks are accepted unless a request says: the block's prefix jointly (block "
+                     "verification, Sun et al. 2025; the default) or token by token; the same for greedy requests")
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
@@ -175,7 +177,7 @@ def cmd_up(args) -> None:
     from tandem.local import LocalCluster
 
     draft_model, target_model = default_pair(args.draft_model, args.target_model)
-    options = _ingress_options(args, "up")
+    options = _ingress_options(args, "up") | {"verification": args.verification}
     _check_ingress_port(args.grpc_port, "up")
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
@@ -213,7 +215,7 @@ def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
             draft_addresses=_addresses(args.draft), target_addresses=_addresses(args.target),
             redis_url=args.redis_url, tokenizer=args.tokenizer, max_gamma=args.max_gamma,
             metrics_port=args.metrics_port, draft_ahead=not args.no_draft_ahead, replicas=args.replicas, tls=tls,
-            metrics_host=args.host, **_ingress_options(args, "orchestrator"))
+            metrics_host=args.host, verification=args.verification, **_ingress_options(args, "orchestrator"))
     except ValueError as e:
         raise SystemExit(f"tandem orchestrator: {e}") from None
 
@@ -269,7 +271,7 @@ def cmd_generate(args) -> None:
             stats = None
             for chunk in client.stream(args.prompt, prompt_token_ids=ids, max_tokens=args.max_tokens,
                                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                       seed=args.seed, gamma=gamma):
+                                       seed=args.seed, gamma=gamma, verification=args.verification):
                 print(chunk.text if chunk.text or args.prompt_ids is None else " ".join(map(str, chunk.token_ids)) + " ",
                       end="", flush=True)
                 stats = chunk.stats or stats
@@ -361,6 +363,9 @@ def cmd_bench(args) -> None:
     except ValueError:
         raise SystemExit("tandem bench: --gammas and --concurrency take '0-8' or '1,2,4'") from None
     workloads = args.workloads.split(",")
+    verifications = args.verification.split(",")
+    if not verifications or not set(verifications) <= {"token", "block"}:
+        raise SystemExit("tandem bench: --verification is token, block or token,block")
     if not set(workloads) <= {"greedy", "sampled"} or not gammas or min(gammas) < 0 or min(concurrency, default=1) < 1:
         raise SystemExit("tandem bench: --workloads is greedy,sampled; gammas >= 0; concurrency >= 1")
     try:
@@ -371,9 +376,10 @@ def cmd_bench(args) -> None:
         return _bench_tracing(args, draft, target, prompts)
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
-                         concurrency_sessions=args.concurrency_sessions, threads=args.threads, seed=args.seed,
+                         concurrency_sessions=args.concurrency_sessions,
+                         concurrency_repeats=args.concurrency_repeats, threads=args.threads, seed=args.seed,
                          draft_ahead=None if args.address else not args.no_draft_ahead,
-                         interleaved=not args.concurrency_only)
+                         interleaved=not args.concurrency_only, verifications=verifications)
     if args.address:
         results = run_bench(config, args.address, args.out)
     else:
@@ -435,6 +441,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--dtype", default="float32")
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
+    up.add_argument("--verification", choices=("token", "block"), default="block", help=VERIFICATION_HELP)
     up.add_argument("--draft-workers", type=_positive, default=1, help="draft workers to run (restarted if they die)")
     up.add_argument("--target-workers", type=_positive, default=1,
                     help="target verifiers to run (restarted if they die)")
@@ -461,6 +468,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--gamma", default=None, help="draft length per cycle, or 'auto' (default)")
+    gen.add_argument("--verification", choices=("token", "block"), default=None,
+                     help="how drafted blocks are accepted (default: the server's)")
     gen.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the cluster")
     gen.set_defaults(func=cmd_generate)
 
@@ -500,6 +509,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
+    orch.add_argument("--verification", choices=("token", "block"), default="block", help=VERIFICATION_HELP)
     _add_tls_flags(orch, "orchestrator")
     orch.set_defaults(func=cmd_orchestrator, extra="server")
 
@@ -541,6 +551,10 @@ def parser() -> argparse.ArgumentParser:
                        help="skip the concurrency sweep against a second local cluster whose workers run one "
                             "session per pass (--max-batch-tokens 1)")
     bench.add_argument("--concurrency-sessions", type=int, default=16, help="sessions per concurrency level")
+    bench.add_argument("--verification", default="token",
+                       help="token, block or token,block: the cluster modes under each (block: adaptive and γ > 0)")
+    bench.add_argument("--concurrency-repeats", type=_positive, default=1,
+                       help="runs of every mode per level, interleaved; rows pool them and list each run")
     bench.add_argument("--threads", type=int, default=1, help="torch threads per worker and for the HF baselines")
     bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")

@@ -99,7 +99,7 @@ class StreamChunk:
 def build_request(
     prompt: str | None, prompt_token_ids: list[int] | None, max_tokens: int | None,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
-    gamma: int | str | None,
+    gamma: int | str | None, verification: str | None = None,
 ) -> wire.GenerationRequest:
     """Client-side checks (ValueError) and the wire request."""
     if (prompt is None) == (prompt_token_ids is None):
@@ -122,9 +122,12 @@ def build_request(
         gamma = None
     if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0):
         raise ValueError(f"gamma must be None, 'auto' or an int >= 0, got {gamma!r}")
+    if verification is not None and verification not in wire.VERIFICATION_MODES:
+        raise ValueError(f"verification must be None (the server's default), 'token' or 'block', "
+                         f"got {verification!r}")
     return wire.GenerationRequest(
         prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), max_tokens=max_tokens or 0,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, gamma=gamma,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, gamma=gamma, verification=verification or "",
     )
 
 
@@ -237,17 +240,21 @@ class Client(_Base):
     def generate(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                  max_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
+                 gamma: int | str | None = None, timeout_s: float | None = None,
+                 verification: str | None = None) -> GenerationResult:
         """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy."""
-        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
+                            verification)
         return _fold(list(self._stream(self._follow(req, None, 0, timeout_s))))
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               gamma: int | str | None = None, timeout_s: float | None = None) -> Iterator[StreamChunk]:
+               gamma: int | str | None = None, timeout_s: float | None = None,
+               verification: str | None = None) -> Iterator[StreamChunk]:
         """Yield chunks as cycles commit them; the last one carries finish_reason and stats."""
-        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
+                            verification)
         return self._stream(self._follow(req, None, 0, timeout_s))
 
     def resume(self, session_id: str, from_index: int = 0, *, timeout_s: float | None = None) -> Iterator[StreamChunk]:
@@ -307,15 +314,19 @@ class AsyncClient(_Base):
     async def generate(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                        max_tokens: int | None = None, temperature: float | None = None,
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                       gamma: int | str | None = None, timeout_s: float | None = None) -> GenerationResult:
-        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+                       gamma: int | str | None = None, timeout_s: float | None = None,
+                       verification: str | None = None) -> GenerationResult:
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
+                            verification)
         return _fold([c async for c in self._stream(self._follow(req, None, 0, timeout_s))])
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               gamma: int | str | None = None, timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
-        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma)
+               gamma: int | str | None = None, timeout_s: float | None = None,
+               verification: str | None = None) -> AsyncIterator[StreamChunk]:
+        req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
+                            verification)
         return self._stream(self._follow(req, None, 0, timeout_s))
 
     def resume(self, session_id: str, from_index: int = 0, *,

@@ -74,17 +74,19 @@ def test_speedups_pair_runs_by_prompt():
 @pytest.mark.cluster
 def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
     config = BenchConfig(pair["draft"], pair["target"], ["def f(x):", "import os\nclass A:"], max_tokens=6,
-                         gammas=[0, 2], concurrency=[1, 2], concurrency_sessions=2, progress=False)
+                         gammas=[0, 2], concurrency=[1, 2], concurrency_sessions=2, concurrency_repeats=2,
+                         verifications=["token", "block"], progress=False)
     results = run_bench(config, cluster["address"], tmp_path, workers["pids"])
     names = {p.name for p in tmp_path.iterdir()}
     assert {"bench.json", "bench.md", "runs.jsonl", "speedup_vs_gamma.png", "acceptance_by_position.png",
             "cycle_timeline.png", "throughput_vs_concurrency.png"} <= names
     assert json.loads((tmp_path / "bench.json").read_text())["config"]["gammas"] == [0, 2]
     runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert len(runs) == 2 * 2 * 5  # prompts × workloads × modes
+    assert len(runs) == 2 * 2 * 7  # prompts × workloads × modes
     for workload in ("greedy", "sampled"):
         rows = results["workloads"][workload]
-        assert set(rows) == {"hf_target", "hf_assisted", "gamma_0", "gamma_2", "adaptive"}
+        assert set(rows) == {"hf_target", "hf_assisted", "gamma_0", "gamma_2", "adaptive", "gamma_2_block",
+                             "adaptive_block"}  # no γ = 0 under block verification: it has no block
         assert rows["gamma_0"]["speedup_vs_gamma_0"]["median"] == 1.0
         g2 = rows["gamma_2"]
         assert 0 <= g2["draft_efficiency"] <= g2["acceptance_rate"] <= 1
@@ -93,6 +95,9 @@ def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
     # Greedy output is the target's own, in every mode: HF assisted and the cluster's.
     assert all(v["identical"] == v["runs"] == 2 for v in results["greedy_identical_to_target"].values())
     assert [c["in_flight"] for c in results["concurrency"]["adaptive"]] == [1, 2]
+    # Each level ran each mode twice, side by side: a row pools both and lists each run.
+    assert all(len(c["repeats_tokens_per_s"]) == 2 and c["sessions"] == 2 for c in results["concurrency"]["adaptive"])
+    assert "| batched | 2 |" in (tmp_path / "bench.md").read_text()  # adaptive ÷ γ = 0, per level
     hf_batches = results["concurrency"]["hf_target"]  # HF's target alone, batches of 1 and 2
     assert [c["sessions"] for c in hf_batches] == [2, 2] and all(c["aggregate_tokens_per_s"] > 0 for c in hf_batches)
     assert all(c["itl_ms"]["p50"] is not None for c in hf_batches)
@@ -103,3 +108,4 @@ def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
     assert merged["concurrency"]["adaptive"][1]["cycle"]["total_ms"] > 0
     assert results["peak_memory_mb"]["draft"] > 0 and results["peak_memory_mb"]["target"] > 0
     assert "| tandem γ=2 |" in (tmp_path / "bench.md").read_text()
+    assert "| tandem γ=2, block verification |" in (tmp_path / "bench.md").read_text()

@@ -32,12 +32,14 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("gamma", [3, None], ids=["fixed-gamma", "adaptive"])
-def test_greedy_is_token_identical_to_target_alone(client, pair, target_model, gamma):
+@pytest.mark.parametrize("gamma, verification", [(3, None), (None, None), (3, "block")],
+                         ids=["fixed-gamma", "adaptive", "block-verification"])
+def test_greedy_is_token_identical_to_target_alone(client, pair, target_model, gamma, verification):
     hit_eos = 0
     for prompt in pair["prompts"]:
         expected = hf_greedy(target_model, prompt, MAX_TOKENS)
-        result = client.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, gamma=gamma)
+        result = client.generate(prompt_token_ids=prompt, max_tokens=MAX_TOKENS, temperature=0, gamma=gamma,
+                                 verification=verification)
         assert result.token_ids == expected, f"prompt {prompt}"
         if expected[-1] == pair["eos"]:
             hit_eos += 1
@@ -90,10 +92,14 @@ def test_text_prompt_round_trips_through_the_tokenizer(client):
     assert len(result.token_ids) >= 1 and isinstance(result.text, str)
 
 
-def test_sampled_first_token_follows_the_target_through_batched_passes(cluster, pair, target_model, workers):
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_sampled_first_token_follows_the_target_through_batched_passes(cluster, pair, target_model, workers,
+                                                                       verification):
     """χ² of the first generated token over many seeds against the target's warped distribution.
     γ = 3 with a different draft: the token is accepted-draft or recovered, never plain target.
-    With 32 sessions in flight, the workers draft and verify them in shared passes."""
+    With 32 sessions in flight, the workers draft and verify them in shared passes. Block
+    verification decides the first token jointly with the rest of the block (its h_1 … h_3).
+    (tests/test_block_verification.py has the full-sequence χ² and its negative control.)"""
     prompt, params = pair["prompts"][2], SamplingParams(temperature=1.0, top_k=8)
     with torch.no_grad():
         logits = target_model(torch.tensor([prompt])).logits[0, -1]
@@ -106,8 +112,9 @@ def test_sampled_first_token_follows_the_target_through_batched_passes(cluster, 
 
             async def one(seed):
                 async with slots:
-                    return await c.generate(prompt_token_ids=prompt, max_tokens=2, temperature=1.0, top_k=8,
-                                            seed=seed, gamma=3)
+                    # max_tokens 4: the first cycle drafts all 3 (γ stops at what the request still wants)
+                    return await c.generate(prompt_token_ids=prompt, max_tokens=4, temperature=1.0, top_k=8,
+                                            seed=seed, gamma=3, verification=verification)
 
             return await asyncio.gather(*(one(seed) for seed in range(n)))
 
@@ -217,6 +224,7 @@ def test_wire_level_checks_the_sdk_cannot_skip(cluster):
         (dict(prompt_token_ids=[-5]), "prompt_token_ids[0]"),
         (dict(), "prompt"),
         (dict(prompt="x", prompt_token_ids=[1]), "prompt"),
+        (dict(prompt_token_ids=[1], verification=9), "verification"),
     ]
     for kwargs, field in cases:
         with pytest.raises(grpc.RpcError) as info:
@@ -255,7 +263,8 @@ def test_sdk_checks_parameters_client_side():
     c = tandem.Client("127.0.0.1:1")
     for kwargs in (dict(), dict(prompt="a", prompt_token_ids=[1]), dict(prompt="a", temperature=-1),
                    dict(prompt="a", top_p=0), dict(prompt="a", top_k=-1), dict(prompt="a", gamma=-2),
-                   dict(prompt="a", gamma="fast"), dict(prompt="a", max_tokens=0)):
+                   dict(prompt="a", gamma="fast"), dict(prompt="a", max_tokens=0),
+                   dict(prompt="a", verification="joint")):
         with pytest.raises(ValueError):
             c.generate(**kwargs)
     c.close()

@@ -486,6 +486,7 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
         assert config.metrics_port == (v["orchestrator"]["metricsPort"] if v["metrics"]["enabled"] else 0)
         assert config.metrics_host == "0.0.0.0"
         assert config.draft_ahead == v["orchestrator"]["draftAhead"]
+        assert config.verification == v["orchestrator"]["verification"]
         assert config.tokenizer is not None
         assert config.redis_url == os.environ["REDIS_URL"]
         check_redis_url(r, env["REDIS_URL"])
@@ -1008,6 +1009,7 @@ BAD_VALUES = [
     (["--set", "tracing.sampler=sometimes"], "tracing.sampler: tracing.sampler must be one of the following"),
     (["--set", "orchestrator.grpcPort=70000"], "orchestrator.grpcPort: Must be less than or equal to 65535"),
     (["--set", "orchestrator.maxGamma=65"], "orchestrator.maxGamma: Must be less than or equal to 64"),
+    (["--set", "orchestrator.verification=joint"], 'orchestrator.verification: orchestrator.verification must be one of the following: "token", "block"'),
     (["--set", "drafter.device=tpu"], "drafter.device: Does not match pattern"),
     (["--set", "image.repository="], "image.repository: String length must be greater than or equal to 1"),
     (["--set-json", "networkPolicy.clients=[{}]"], "networkPolicy.clients.0: Must have at least 1 properties"),

@@ -88,11 +88,11 @@ def test_the_wire_is_plain_python_and_protobuf():
                 name, "tandem.wire", "tandem.v1", "tandem.math.params", "tandem.math.acceptance"), f"{module} imports {name}"
 
 
-def test_the_math_is_the_bottom_layer_and_only_its_sampling_uses_torch():
+def test_the_math_is_the_bottom_layer_and_only_the_workers_half_uses_torch():
     for module, found in _imports_of("tandem.math").items():
         for name in found:
             top = name.split(".")[0]
-            if module == "tandem.math.sampling" and top == "torch":
+            if module in ("tandem.math.sampling", "tandem.math.block") and top == "torch":
                 continue
             assert top in sys.stdlib_module_names or _in(name, "tandem.math"), f"{module} imports {name}"
 
@@ -102,8 +102,9 @@ def test_workers_and_orchestrator_meet_only_on_the_wire():
     for module, found in _imports_of("tandem.services").items():
         assert not {n for n in found if _in(n, "tandem.orchestrator", *top)}, f"{module} reaches past the wire"
     for module, found in _imports_of("tandem.orchestrator").items():
-        assert not {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "torch", *top)}, (
-            f"{module} reaches past the wire")
+        reached = {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "tandem.math.block", "torch",
+                                           *top)}
+        assert not reached, f"{module} reaches past the wire"
 
 
 def test_only_the_wire_builds_messages():

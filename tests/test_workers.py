@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
+from tandem.math import block as block_math
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.services import distributions, draft_worker, target_verifier
@@ -136,8 +137,9 @@ def propose(stub, session_id, cache_len, tokens, gamma, params=GREEDY) -> wire.P
     return wire.proposal_from_pb(stub.Propose(request, timeout=TIMEOUT_S))
 
 
-def verify(stub, session_id, cache_len, tokens, proposal, params=GREEDY) -> wire.Verification | None:
-    request = wire.verify_request(session_id, cache_len, tokens, proposal, params)
+def verify(stub, session_id, cache_len, tokens, proposal, params=GREEDY, verification="token",
+           ) -> wire.Verification | None:
+    request = wire.verify_request(session_id, cache_len, tokens, proposal, params, verification=verification)
     return wire.verification_from_pb(stub.Verify(request, timeout=TIMEOUT_S))
 
 
@@ -354,6 +356,32 @@ def test_sampled_verify_matches_hf_softmax_and_is_deterministic(draft_stub, targ
     assert answer(verify(target_stub, "vs-other", 0, tokens, proposal, params)) == answer(v)
 
 
+def test_block_verify_answers_h_from_the_same_pass(draft_stub, target_stub, hf_draft, hf_target):
+    """VERIFICATION_BLOCK: the same target probabilities and bonus, plus h computed from HF's own
+    distributions (tandem.math.block), and recovered tokens from the block residuals."""
+    tokens = prompt(10, seed=12)
+    params = SamplingParams(temperature=1.0, seed=5)
+    proposal = propose(draft_stub, "vb", 0, tokens, 4, params)
+    token_level = verify(target_stub, "vb", 0, tokens, proposal, params)
+    v = verify(target_stub, "vb", 0, tokens, proposal, params, verification="block")
+    assert token_level.block_accept_probs == [] and len(v.block_accept_probs) == 4
+    np.testing.assert_allclose(v.target_token_probs, token_level.target_token_probs, atol=1e-6)
+    assert v.bonus_token == token_level.bonus_token
+    seq = tokens + proposal.draft_tokens
+    target_probs = hf_warped(hf_logits(hf_target, seq)[len(tokens) - 1:], 1.0).double()  # [γ+1, V]
+    draft_probs = hf_warped(hf_logits(hf_draft, seq)[len(tokens) - 1:-1], 1.0).double()  # [γ, V]
+    drafted = torch.tensor(proposal.draft_tokens)
+    ratios = (target_probs[:4].gather(-1, drafted[:, None]) / draft_probs.gather(-1, drafted[:, None]))[:, 0]
+    p = block_math.token_prefix_weights(ratios)  # [γ+1]
+    for i in range(1, 4):
+        z = (p[i] * target_probs[i] - draft_probs[i]).clamp(min=0).sum()
+        h = 1.0 if p[i] >= 1 else (z / (z + 1 - p[i])).item()
+        assert v.block_accept_probs[i - 1] == pytest.approx(h, abs=1e-4)
+    assert v.block_accept_probs[3] == pytest.approx(p[4].item(), abs=1e-4)
+    greedy = verify(target_stub, "vb-greedy", 0, tokens, block(proposal.draft_tokens), GREEDY, verification="block")
+    assert greedy.block_accept_probs == []  # greedy: block verification is token-level verification
+
+
 def test_sampled_verify_with_top_k_uses_sparse_distributions(draft_stub, target_stub, hf_draft, hf_target):
     tokens = prompt(10, seed=11)
     params = SamplingParams(temperature=1.0, top_k=5, seed=7)
@@ -546,6 +574,12 @@ def _verify_pb(draft_tokens=(8, 9), dists=(), **kw) -> worker_pb2.VerifyRequest:
     return wire.verify_request(args["session_id"], args["cache_len"], args["tokens"], proposal, args["params"])
 
 
+def _with(request, **fields):
+    for name, value in fields.items():
+        setattr(request, name, value)
+    return request
+
+
 SAMPLED = SamplingParams(temperature=1.0, seed=3)
 UNIFORM = [1.0 / VOCAB] * VOCAB
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -611,6 +645,7 @@ BAD_VERIFICATIONS = {
                       "draft_distributions"),
     "nan-prob": (_verify_pb(dists=[_dist(probs=[math.nan] * VOCAB)] * 2, params=SAMPLED), INVALID,
                  "draft_distributions"),
+    "unknown-verification": (_with(_verify_pb(), verification=7), INVALID, "verification"),
 }
 
 

@@ -28,15 +28,19 @@ class BenchConfig:
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     concurrency_sessions: int = 16  # sessions per concurrency level, at least as many as are in flight
+    concurrency_repeats: int = 1  # runs of every mode per level, interleaved (the machine drifts)
     threads: int = 1  # torch threads of the in-process baselines (match the workers')
     seed: int = 0
     progress: bool = True
     draft_ahead: bool | None = True  # the local cluster's setting (reported); None: a cluster at --address
     interleaved: bool = True  # False: the concurrency sweep only
+    verifications: list[str] = field(default_factory=lambda: ["token"])  # "token" and/or "block"
 
     @property
     def cluster_modes(self) -> list[str]:
-        return [cluster_mode(g) for g in self.gammas] + (["adaptive"] if self.adaptive else [])
+        """Every γ (and adaptive) under each verification; γ = 0 has no block to verify."""
+        gammas = [*self.gammas, *([None] if self.adaptive else [])]
+        return [cluster_mode(g, v) for v in self.verifications for g in gammas if v == "token" or g != 0]
 
     @property
     def modes(self) -> list[str]:
@@ -100,23 +104,29 @@ def concurrency_sweep(config: BenchConfig, address: str, prompts: list[list[int]
                       prefix: str = "") -> dict:
     """Greedy sessions at each level of sessions in flight: the cluster with γ = 0 and adaptive
     (keys prefixed with `prefix`), and HF's target alone in batches of the same size when `hf`
-    is given → {mode: [row per level]}."""
+    is given → {mode: [row per level]}. Each level runs every mode in turn, `concurrency_repeats`
+    times: one run moves 10–15 % on a busy machine, and interleaving puts the modes side by side
+    on its drift. A row pools its repeats and lists each one's tokens/s."""
     cluster_modes = [m for m in ("gamma_0", "adaptive") if m in config.cluster_modes]
     modes = cluster_modes + (["hf_target"] if hf else [])
     for mode in cluster_modes:  # warm up a cluster that has not run these modes yet
         concurrent_runs(address, mode, "greedy", [p[:16] for p in prompts[:4]], 8, 4, config.seed)
     concurrency: dict[str, list[dict]] = {}
-    with _progress(len(modes) * len(config.concurrency), f"{prefix}concurrency", config.progress) as bar:
-        for mode in modes:
-            for level in config.concurrency:
-                sessions = [prompts[i % len(prompts)] for i in range(max(config.concurrency_sessions, level))]
-                if mode == "hf_target":
-                    level_runs, wall = hf_waves(hf, sessions, config.max_tokens, level)
-                else:
-                    level_runs, wall = concurrent_runs(address, mode, "greedy", sessions, config.max_tokens, level,
-                                                       config.seed)
-                concurrency.setdefault(prefix + mode, []).append(summary.concurrency_row(level_runs, wall, level))
-                bar.update()
+    total = len(modes) * len(config.concurrency) * config.concurrency_repeats
+    with _progress(total, f"{prefix}concurrency", config.progress) as bar:
+        for level in config.concurrency:
+            sessions = [prompts[i % len(prompts)] for i in range(max(config.concurrency_sessions, level))]
+            repeats: dict[str, list[tuple[list[Run], float]]] = {mode: [] for mode in modes}
+            for _ in range(config.concurrency_repeats):
+                for mode in modes:
+                    if mode == "hf_target":
+                        repeats[mode].append(hf_waves(hf, sessions, config.max_tokens, level))
+                    else:
+                        repeats[mode].append(concurrent_runs(address, mode, "greedy", sessions, config.max_tokens,
+                                                             level, config.seed))
+                    bar.update()
+            for mode, measured in repeats.items():
+                concurrency.setdefault(prefix + mode, []).append(summary.pooled_concurrency_row(measured, level))
     return concurrency
 
 

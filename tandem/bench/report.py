@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from tandem.bench.runs import Run
+from tandem.bench.runs import BLOCK, Run, mode_gamma, mode_verification
 
 LABELS = {"hf_target": "HF target alone", "hf_assisted": "HF assisted"}
 _DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is set"}
@@ -12,6 +12,8 @@ _DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is 
 def label(mode: str) -> str:
     if mode.startswith("unbatched_"):
         return label(mode.removeprefix("unbatched_")) + ", unbatched"
+    if mode.endswith(BLOCK):
+        return label(mode.removesuffix(BLOCK)) + ", block verification"
     if mode in LABELS:
         return LABELS[mode]
     return "tandem adaptive γ" if mode == "adaptive" else f"tandem γ={mode.removeprefix('gamma_')}"
@@ -111,6 +113,7 @@ def markdown(results: dict) -> str:
                              f"| {_ms(c['ttft_ms'], 'p50')} / {_ms(c['ttft_ms'], 'p99')} "
                              f"| {_ms(c.get('itl_ms'), 'p50')} / {_ms(c.get('itl_ms'), 'p99')} "
                              f"| {_ms(c['latency_ms'], 'p50')} / {_ms(c['latency_ms'], 'p90')} |")
+        lines += _adaptive_vs_target(results["concurrency"])
         lines += ["", "Where a cycle's time goes at each load (means per cycle, ms; wait: the worker calls waiting "
                   "for passes of other sessions' work):", "",
                   "| mode | sessions in flight | mean γ | draft | verify | wait | transport | orchestration | cycle |",
@@ -126,6 +129,25 @@ def markdown(results: dict) -> str:
     lines += ["", "## Peak memory (VmHWM)", "", "| process | MiB |", "|---|---|"]
     lines += [f"| {k} | {_x(v, 0)} |" for k, v in results["peak_memory_mb"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _adaptive_vs_target(concurrency: dict) -> list[str]:
+    """Adaptive γ's aggregate tokens/s over γ = 0's at each level, pooled and per repeat (the
+    repeats ran side by side, so their ratios show the run-to-run spread)."""
+    lines = []
+    for prefix in ("", "unbatched_"):
+        adaptive, zero = concurrency.get(prefix + "adaptive"), concurrency.get(prefix + "gamma_0")
+        if not (adaptive and zero):
+            continue
+        if not lines:
+            lines = ["", "Adaptive γ ÷ γ = 0, aggregate tokens/s (each repeat's ratio in brackets):", "",
+                     "| cluster | sessions in flight | adaptive ÷ γ = 0 | per repeat |", "|---|---|---|---|"]
+        for a, z in zip(adaptive, zero, strict=True):
+            each = [x / y for x, y in zip(a.get("repeats_tokens_per_s", []), z.get("repeats_tokens_per_s", []))]
+            lines.append(f"| {prefix.rstrip('_') or 'batched'} | {a['in_flight']} "
+                         f"| {a['aggregate_tokens_per_s'] / z['aggregate_tokens_per_s']:.2f} "
+                         f"| {', '.join(f'{r:.2f}' for r in each)} |")
+    return lines
 
 
 def plots(results: dict, runs: list[Run], out: Path) -> None:
@@ -145,17 +167,22 @@ def _speedup_vs_gamma(plt, results, path):
     workloads = results["workloads"]
     fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.2), squeeze=False)
     for ax, (workload, rows) in zip(axes[0], workloads.items()):
-        fixed = sorted((int(m.removeprefix("gamma_")), r) for m, r in rows.items() if m.startswith("gamma_"))
+        for verification in ("token", "block"):
+            series = sorted((mode_gamma(m), r) for m, r in rows.items()
+                            if m.startswith("gamma_") and mode_verification(m) == verification)
+            if series:
+                med = [r["speedup_vs_hf_target"]["median"] for _, r in series]
+                err = [[m - r["speedup_vs_hf_target"]["p25"] for m, (_, r) in zip(med, series)],
+                       [r["speedup_vs_hf_target"]["p75"] - m for m, (_, r) in zip(med, series)]]
+                ax.errorbar([g for g, _ in series], med, yerr=err, marker="o", capsize=3,
+                            label=f"tandem, fixed γ, {verification} verification (median, IQR)")
+        fixed = sorted((mode_gamma(m), r) for m, r in rows.items() if m.startswith("gamma_") and BLOCK not in m)
         gammas = [g for g, _ in fixed]
-        med = [r["speedup_vs_hf_target"]["median"] for _, r in fixed]
-        err = [[m - r["speedup_vs_hf_target"]["p25"] for m, (_, r) in zip(med, fixed)],
-               [r["speedup_vs_hf_target"]["p75"] - m for m, (_, r) in zip(med, fixed)]]
-        ax.errorbar(gammas, med, yerr=err, marker="o", capsize=3, label="tandem, fixed γ (median, IQR)")
         base = rows.get("gamma_0", {}).get("speedup_vs_hf_target", {}).get("median")
         if base:  # the analytic bound is relative to tandem γ=0: put it on the same scale
             ax.plot(gammas, [(r.get("analytic_speedup") or 0) * base for _, r in fixed], "k--",
                     label="analytic S(α, γ, measured costs)")
-        for mode, style in (("adaptive", "C2"), ("hf_assisted", "C3")):
+        for mode, style in (("adaptive", "C2"), ("adaptive" + BLOCK, "C4"), ("hf_assisted", "C3")):
             if mode in rows:
                 ax.axhline(rows[mode]["speedup_vs_hf_target"]["median"], color=style, linestyle=":",
                            label=label(mode))

@@ -13,20 +13,29 @@ from tandem.client import AsyncClient, Client
 HF_MODES = ("hf_target", "hf_assisted")
 
 
-def cluster_mode(gamma: int | None) -> str:
-    return "adaptive" if gamma is None else f"gamma_{gamma}"
+BLOCK = "_block"  # a cluster mode's suffix: its requests ask for block verification
+
+
+def cluster_mode(gamma: int | None, verification: str = "token") -> str:
+    mode = "adaptive" if gamma is None else f"gamma_{gamma}"
+    return mode + BLOCK if verification == "block" else mode
 
 
 def mode_gamma(mode: str) -> int | None:
     """The request's gamma for a cluster mode (None: adaptive)."""
+    mode = mode.removesuffix(BLOCK)
     return None if mode == "adaptive" else int(mode.removeprefix("gamma_"))
+
+
+def mode_verification(mode: str) -> str:
+    return "block" if mode.endswith(BLOCK) else "token"
 
 
 @dataclass
 class Run:
     """One timed generation."""
 
-    mode: str  # "hf_target", "hf_assisted", "gamma_<n>" or "adaptive"
+    mode: str  # "hf_target", "hf_assisted", "gamma_<n>" or "adaptive", the last two with "_block" or not
     workload: str  # "greedy" or "sampled"
     prompt: int  # index into the prompt list
     token_ids: list[int]
@@ -195,7 +204,7 @@ def hf_waves(hf: HFRunner, prompts: list[list[int]], max_tokens: int, batch: int
 def _request(mode: str, workload: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
     temperature = 0.0 if workload == "greedy" else 1.0
     return {"prompt_token_ids": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "gamma": mode_gamma(mode)}
+            "gamma": mode_gamma(mode), "verification": mode_verification(mode)}
 
 
 def cluster_run(client: Client, mode: str, workload: str, index: int, prompt: list[int], max_tokens: int,

@@ -164,3 +164,12 @@ def concurrency_row(runs: list[Run], wall_s: float, in_flight: int) -> dict:
         "cycle": cycle_split(runs),  # where a cycle's time goes at this load
         "mean_gamma": acceptance(runs).get("mean_gamma"),
     }
+
+
+def pooled_concurrency_row(measured: list[tuple[list[Run], float]], in_flight: int) -> dict:
+    """One level's repeated runs [(runs, wall seconds)] as one row, with each repeat's tokens/s."""
+    runs = [r for level_runs, _ in measured for r in level_runs]
+    row = concurrency_row(runs, sum(wall for _, wall in measured), in_flight)
+    row["sessions"] = len(measured[0][0])
+    row["repeats_tokens_per_s"] = [sum(r.tokens for r in level_runs) / wall for level_runs, wall in measured]
+    return row

@@ -4,8 +4,9 @@
 - `rng`: counter-based uniforms keyed by (seed, position, purpose);
 - `acceptance`: the orchestrator's half of a cycle, the accept test and the cycle's output;
 - `analytic`: the expected tokens per target pass and the speedup they buy;
-- `sampling`: the workers' half, on tensors: warping, drawing, verifying a block (torch).
+- `sampling`: the workers' half, on tensors: warping, drawing, verifying a block (torch);
+- `block`: the verifier's half of block verification, accepting a block's prefix jointly (torch).
 
-Everything here but `sampling` is plain Python, so the SDK and the orchestrator never load
+Everything here but `sampling` and `block` is plain Python, so the SDK and the orchestrator never load
 torch. Nothing here imports the rest of tandem.
 """

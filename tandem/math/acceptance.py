@@ -3,7 +3,8 @@ the verifier answers, the cycle's output tokens, and what α divides by.
 
 Position i is accepted with probability min(1, target/draft); on the first rejection the
 output is the verifier's pre-drawn recovered token, and if all γ pass its pre-drawn bonus
-token (see `tandem.math.sampling` for why that is exact).
+token (see `tandem.math.sampling` for why that is exact). Block verification
+(`tandem.math.block`) accepts the block's prefix jointly instead (`accepted_jointly`).
 """
 
 
@@ -15,6 +16,15 @@ def count_accepted(
         if not u * d < t:  # u < t/d without dividing; a draft prob is never 0 for a drawn token
             return i
     return len(draft_token_probs)
+
+
+def accepted_jointly(block_accept_probs: list[float], u_accept: list[float]) -> int:
+    """Block verification's accept step: τ = the largest i with u_i < h_i, 0 if none (the scan
+    does not stop at the first failure)."""
+    for i in range(len(block_accept_probs), 0, -1):
+        if u_accept[i - 1] < block_accept_probs[i - 1]:
+            return i
+    return 0
 
 
 def output_tokens(

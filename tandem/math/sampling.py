@@ -76,6 +76,8 @@ class Verdict:
     target_token_probs: torch.Tensor  # [γ] float32: target prob of each drafted token
     recovered_tokens: torch.Tensor  # [γ] int64: pre-drawn from the residual at each position
     bonus_token: int  # pre-drawn from the target after the whole block
+    # [γ] float32, block verification only (tandem.math.block): h, the joint accept probabilities
+    block_accept_probs: torch.Tensor | None = None
 
 
 def verify_block(

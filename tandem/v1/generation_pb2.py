@@ -22,31 +22,32 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tandem.v1 import sampling_pb2 as tandem_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atandem/v1/generation.proto\x12\ttandem.v1\"#\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"7\n\rResumeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\r\"\xef\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x03\x88\x01\x01\x12\x12\n\x05gamma\x18\x08 \x01(\x05H\x04\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\x08\n\x06_gamma\"\x9a\x01\n\x0fGenerationStats\x12\x11\n\telapsed_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x0c \x01(\x01\x12(\n\tper_cycle\x18\r \x03(\x0b\x32\x15.tandem.v1.CycleStatsJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\nJ\x04\x08\n\x10\x0bJ\x04\x08\x0b\x10\x0c\"\x8b\x02\n\nCycleStats\x12\r\n\x05gamma\x18\x01 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x15\n\routput_tokens\x18\x03 \x01(\r\x12\x10\n\x08start_ms\x18\x04 \x01(\x01\x12\x10\n\x08\x64raft_ms\x18\x05 \x01(\x01\x12\x11\n\tverify_ms\x18\x06 \x01(\x01\x12\x14\n\x0ctransport_ms\x18\x07 \x01(\x01\x12\x10\n\x08redis_ms\x18\x08 \x01(\x01\x12\x18\n\x10orchestration_ms\x18\t \x01(\x01\x12\x12\n\nwire_bytes\x18\n \x01(\r\x12\x15\n\rdrafted_ahead\x18\x0b \x01(\x08\x12\x10\n\x08\x61head_ms\x18\x0c \x01(\x01\x12\x0f\n\x07wait_ms\x18\r \x01(\x01\"\x89\x01\n\x10GenerateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12)\n\x05stats\x18\x05 \x01(\x0b\x32\x1a.tandem.v1.GenerationStats\"\x86\x01\n\rGenerateChunk\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12)\n\x05stats\x18\x05 \x01(\x0b\x32\x1a.tandem.v1.GenerationStats2\x9a\x02\n\nGeneration\x12\x43\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse\x12H\n\x0eGenerateStream\x12\x1a.tandem.v1.GenerateRequest\x1a\x18.tandem.v1.GenerateChunk0\x01\x12>\n\x06Resume\x12\x18.tandem.v1.ResumeRequest\x1a\x18.tandem.v1.GenerateChunk0\x01\x12=\n\x06\x43\x61ncel\x12\x18.tandem.v1.CancelRequest\x1a\x19.tandem.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atandem/v1/generation.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"#\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"7\n\rResumeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nfrom_index\x18\x02 \x01(\r\"\x9e\x02\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x03\x88\x01\x01\x12\x12\n\x05gamma\x18\x08 \x01(\x05H\x04\x88\x01\x01\x12-\n\x0cverification\x18\t \x01(\x0e\x32\x17.tandem.v1.VerificationB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x07\n\x05_seedB\x08\n\x06_gamma\"\x9a\x01\n\x0fGenerationStats\x12\x11\n\telapsed_s\x18\x06 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x0c \x01(\x01\x12(\n\tper_cycle\x18\r \x03(\x0b\x32\x15.tandem.v1.CycleStatsJ\x04\x08\x01\x10\x02J\x04\x08\x02\x10\x03J\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x07\x10\x08J\x04\x08\x08\x10\tJ\x04\x08\t\x10\nJ\x04\x08\n\x10\x0bJ\x04\x08\x0b\x10\x0c\"\x8b\x02\n\nCycleStats\x12\r\n\x05gamma\x18\x01 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x15\n\routput_tokens\x18\x03 \x01(\r\x12\x10\n\x08start_ms\x18\x04 \x01(\x01\x12\x10\n\x08\x64raft_ms\x18\x05 \x01(\x01\x12\x11\n\tverify_ms\x18\x06 \x01(\x01\x12\x14\n\x0ctransport_ms\x18\x07 \x01(\x01\x12\x10\n\x08redis_ms\x18\x08 \x01(\x01\x12\x18\n\x10orchestration_ms\x18\t \x01(\x01\x12\x12\n\nwire_bytes\x18\n \x01(\r\x12\x15\n\rdrafted_ahead\x18\x0b \x01(\x08\x12\x10\n\x08\x61head_ms\x18\x0c \x01(\x01\x12\x0f\n\x07wait_ms\x18\r \x01(\x01\"\x89\x01\n\x10GenerateResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12)\n\x05stats\x18\x05 \x01(\x0b\x32\x1a.tandem.v1.GenerationStats\"\x86\x01\n\rGenerateChunk\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12)\n\x05stats\x18\x05 \x01(\x0b\x32\x1a.tandem.v1.GenerationStats2\x9a\x02\n\nGeneration\x12\x43\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse\x12H\n\x0eGenerateStream\x12\x1a.tandem.v1.GenerateRequest\x1a\x18.tandem.v1.GenerateChunk0\x01\x12>\n\x06Resume\x12\x18.tandem.v1.ResumeRequest\x1a\x18.tandem.v1.GenerateChunk0\x01\x12=\n\x06\x43\x61ncel\x12\x18.tandem.v1.CancelRequest\x1a\x19.tandem.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CANCELREQUEST']._serialized_start=41
-  _globals['_CANCELREQUEST']._serialized_end=76
-  _globals['_CANCELRESPONSE']._serialized_start=78
-  _globals['_CANCELRESPONSE']._serialized_end=113
-  _globals['_RESUMEREQUEST']._serialized_start=115
-  _globals['_RESUMEREQUEST']._serialized_end=170
-  _globals['_GENERATEREQUEST']._serialized_start=173
-  _globals['_GENERATEREQUEST']._serialized_end=412
-  _globals['_GENERATIONSTATS']._serialized_start=415
-  _globals['_GENERATIONSTATS']._serialized_end=569
-  _globals['_CYCLESTATS']._serialized_start=572
-  _globals['_CYCLESTATS']._serialized_end=839
-  _globals['_GENERATERESPONSE']._serialized_start=842
-  _globals['_GENERATERESPONSE']._serialized_end=979
-  _globals['_GENERATECHUNK']._serialized_start=982
-  _globals['_GENERATECHUNK']._serialized_end=1116
-  _globals['_GENERATION']._serialized_start=1119
-  _globals['_GENERATION']._serialized_end=1401
+  _globals['_CANCELREQUEST']._serialized_start=67
+  _globals['_CANCELREQUEST']._serialized_end=102
+  _globals['_CANCELRESPONSE']._serialized_start=104
+  _globals['_CANCELRESPONSE']._serialized_end=139
+  _globals['_RESUMEREQUEST']._serialized_start=141
+  _globals['_RESUMEREQUEST']._serialized_end=196
+  _globals['_GENERATEREQUEST']._serialized_start=199
+  _globals['_GENERATEREQUEST']._serialized_end=485
+  _globals['_GENERATIONSTATS']._serialized_start=488
+  _globals['_GENERATIONSTATS']._serialized_end=642
+  _globals['_CYCLESTATS']._serialized_start=645
+  _globals['_CYCLESTATS']._serialized_end=912
+  _globals['_GENERATERESPONSE']._serialized_start=915
+  _globals['_GENERATERESPONSE']._serialized_end=1052
+  _globals['_GENERATECHUNK']._serialized_start=1055
+  _globals['_GENERATECHUNK']._serialized_end=1189
+  _globals['_GENERATION']._serialized_start=1192
+  _globals['_GENERATION']._serialized_end=1474
 # @@protoc_insertion_point(module_scope)

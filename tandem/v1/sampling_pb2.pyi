@@ -1,8 +1,18 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Verification(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERIFICATION_UNSPECIFIED: _ClassVar[Verification]
+    VERIFICATION_TOKEN: _ClassVar[Verification]
+    VERIFICATION_BLOCK: _ClassVar[Verification]
+VERIFICATION_UNSPECIFIED: Verification
+VERIFICATION_TOKEN: Verification
+VERIFICATION_BLOCK: Verification
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed")

@@ -47,7 +47,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context")
+    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class VerifyRequest(_message.Message):
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -69,23 +70,26 @@ class VerifyRequest(_message.Message):
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_sampling_pb2.DraftDistribution]
     sampling: _sampling_pb2.SamplingParams
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    verification: _sampling_pb2.Verification
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching")
+    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching", "block_accept_probs")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BONUS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ACCEPT_PROBS_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     target_token_probs: _containers.RepeatedScalarFieldContainer[float]
     recovered_tokens: _containers.RepeatedScalarFieldContainer[int]
     bonus_token: int
     compute_ms: float
     batching: Batching
-    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ...) -> None: ...
+    block_accept_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Batching(_message.Message):
     __slots__ = ("passes", "tokens", "sessions", "wait_ms")

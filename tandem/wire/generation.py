@@ -8,8 +8,25 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 
 from tandem.math.acceptance import verified_tokens
-from tandem.v1 import generation_pb2, generation_pb2_grpc
+from tandem.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from tandem.wire.validation import invalid
+
+# How a drafted block is accepted (tandem.v1.Verification); "" means the server's default.
+VERIFICATION_MODES = ("token", "block")
+
+
+def verification_mode_to_pb(mode: str) -> int:
+    return {"": sampling_pb2.VERIFICATION_UNSPECIFIED, "token": sampling_pb2.VERIFICATION_TOKEN,
+            "block": sampling_pb2.VERIFICATION_BLOCK}[mode]
+
+
+def verification_mode_from_pb(value: int) -> str:
+    """→ "token", "block", or "" when unspecified. Raises ValueError on a value this version lacks."""
+    modes = {sampling_pb2.VERIFICATION_UNSPECIFIED: "", sampling_pb2.VERIFICATION_TOKEN: "token",
+             sampling_pb2.VERIFICATION_BLOCK: "block"}
+    if value not in modes:
+        raise ValueError(f"unknown verification {value}")
+    return modes[value]
 
 
 @dataclass
@@ -24,6 +41,7 @@ class GenerationRequest:
     top_p: float | None = None
     seed: int | None = None
     gamma: int | None = None
+    verification: str = ""  # "token", "block", or "" for the server's default
 
 
 def _opt(msg, name):
@@ -32,6 +50,7 @@ def _opt(msg, name):
 
 def generation_request_to_pb(req: GenerationRequest) -> generation_pb2.GenerateRequest:
     kwargs = {k: v for k, v in vars(req).items() if v is not None}
+    kwargs["verification"] = verification_mode_to_pb(req.verification)
     return generation_pb2.GenerateRequest(**kwargs)
 
 
@@ -50,10 +69,14 @@ def cancel_response(cancelled: bool) -> generation_pb2.CancelResponse:
 def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> GenerationRequest:
     """The request's fields; a FieldError (INVALID_ARGUMENT) for a message that did not parse."""
     check_decoded(msg)
+    try:
+        verification = verification_mode_from_pb(msg.verification)
+    except ValueError as e:
+        raise invalid("verification", f"{e}: use VERIFICATION_TOKEN or VERIFICATION_BLOCK") from None
     return GenerationRequest(
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,
         temperature=_opt(msg, "temperature"), top_k=_opt(msg, "top_k"), top_p=_opt(msg, "top_p"),
-        seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"),
+        seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"), verification=verification,
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from tandem.math.params import SamplingParams
 from tandem.v1 import sampling_pb2, worker_pb2
+from tandem.wire.generation import verification_mode_to_pb
 
 # --- sampling parameters and draft distributions --------------------------------------------
 
@@ -64,6 +65,7 @@ class Verification:
     bonus_token: int
     compute_ms: float
     batching: Batching = field(default_factory=Batching)
+    block_accept_probs: list[float] = field(default_factory=list)  # block verification's h, else empty
 
 
 def _batching_to_pb(b: Batching) -> worker_pb2.Batching:
@@ -103,13 +105,14 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
 
 
 def verify_request(
-    session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None
+    session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None, verification: str = "token",
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
         draft_tokens=proposal.draft_tokens if proposal else [],
         draft_distributions=proposal.draft_distributions if proposal else [],
         sampling=sampling_to_pb(params), trace_context=trace_context,
+        verification=verification_mode_to_pb(verification),
     )
 
 
@@ -122,6 +125,7 @@ def verify_response(verification: Verification | None) -> worker_pb2.VerifyRespo
         bonus_token=verification.bonus_token,
         compute_ms=verification.compute_ms,
         batching=_batching_to_pb(verification.batching),
+        block_accept_probs=verification.block_accept_probs,
     )
 
 
@@ -130,7 +134,7 @@ def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
         return None
     return Verification(
         list(msg.target_token_probs), list(msg.recovered_tokens), msg.bonus_token, msg.compute_ms,
-        _batching_from_pb(msg.batching),
+        _batching_from_pb(msg.batching), list(msg.block_accept_probs),
     )
 
 

@@ -438,7 +438,7 @@ prometheus.io/path: /metrics
 {{- define "tandem.orchestratorFlags" -}}
 {{- $o := .Values.orchestrator }}
 {{- $flags := list "--draft" (include "tandem.drafterAddress" .) "--target" (include "tandem.verifierAddress" .) }}
-{{- $flags = concat $flags (list "--replicas" (toString (int $o.replicas)) "--max-sessions" (toString (int $o.maxSessions)) "--max-gamma" (toString (int $o.maxGamma))) }}
+{{- $flags = concat $flags (list "--replicas" (toString (int $o.replicas)) "--max-sessions" (toString (int $o.maxSessions)) "--max-gamma" (toString (int $o.maxGamma)) "--verification" $o.verification) }}
 {{- $flags = concat $flags (list "--host" "0.0.0.0" "--metrics-port" (ternary (toString (int $o.metricsPort)) "0" .Values.metrics.enabled)) }}
 {{- if $o.tokenizer.enabled }}
 {{- $flags = concat $flags (list "--tokenizer" (include "tandem.tokenizerPath" .)) }}
