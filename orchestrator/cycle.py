@@ -183,7 +183,7 @@ class SpeculativeLoop:
         gamma = len(proposal.draft_tokens) if proposal else 0
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
         alone = self.in_flight == 1  # the draft worker would otherwise idle through the verify
-        ahead = self._draft_ahead(s, proposal, here) if proposal and self.draft_ahead and alone else None
+        ahead = self._draft_ahead(s, proposal, here) if gamma and self.draft_ahead and alone else None
         try:
             verify = await self._verify(s, proposal, here) if call.gamma else await call.task
         except BaseException:
@@ -217,6 +217,8 @@ class SpeculativeLoop:
             s.cache_lens["draft"] = position + accepted
         elif gamma:
             s.cache_lens["draft"] = position + min(accepted, gamma - 1)
+        elif proposal:  # a drafter that proposed nothing (no n-gram match) holds the committed tokens
+            s.cache_lens["draft"] = position
         # 6. Teach the policy what the cycle measured, and start the next cycle's first call:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
         record = _measure(s, began, call, gamma, accepted, len(new), draft, verify, ahead_reply)
@@ -267,7 +269,9 @@ class SpeculativeLoop:
         if not reply.answer:
             return None, None
         p = reply.answer
-        if not (all_accepted and p.draft_tokens[0] == s.tokens[-1]):  # the bonus is its guess?
+        # The bonus is its guess, and a block follows it? (A drafter may propose fewer than asked:
+        # an n-gram lookup proposes what it matched, possibly nothing.)
+        if not (all_accepted and len(p.draft_tokens) > 1 and p.draft_tokens[0] == s.tokens[-1]):
             return reply, None
         block = Proposal(p.draft_tokens[1:], p.draft_token_probs[1:], p.draft_distributions[1:], 0.0)
         return reply, Reply(block, 0.0, 0)

@@ -283,9 +283,10 @@ def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
     metrics_port: int = 0, parent_pid: int = 0, tls: TLSFiles | None = None,
-    max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0,
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0, lookup=None,
 ) -> None:
-    """Serve a draft ("draft") or target ("target") worker until SIGINT or SIGTERM, with
+    """Serve a draft ("draft"), n-gram draft ("ngram": no model, `lookup` a
+    tandem.services.ngram.Lookup) or target ("target") worker until SIGINT or SIGTERM, with
     Prometheus metrics on metrics_port (0: none); with parent_pid, also until the process of
     that pid is no longer this one's parent. With `tls`, mutual TLS only (tandem.tls).
     max_batch_tokens: the tokens one forward pass takes from all sessions' waiting work.
@@ -295,21 +296,27 @@ def run_worker(
     memory.one_arena()  # before gRPC and torch start their threads
     import torch
 
-    from tandem.services import draft_worker, target_verifier
+    from tandem.services import draft_worker, ngram, target_verifier
 
     if threads:
         torch.set_num_threads(threads)
-    add = functools.partial({"draft": draft_worker.add_to_server, "target": target_verifier.add_to_server}[kind],
-                            max_batch_tokens=max_batch_tokens)
-    tracing.setup({"draft": "tandem-draft-worker", "target": "tandem-target-verifier"}[kind])
-    runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
+    adders = {"draft": draft_worker.add_to_server, "ngram": ngram.add_to_server, "target": target_verifier.add_to_server}
+    add = functools.partial(adders[kind], max_batch_tokens=max_batch_tokens)
+    tracing.setup({"draft": "tandem-draft-worker", "ngram": "tandem-ngram-draft-worker",
+                   "target": "tandem-target-verifier"}[kind])
+    if kind == "ngram":
+        runtime = ngram.NgramRuntime(lookup or ngram.Lookup(), max_tokens=max_cache_bytes // 8)
+    else:
+        runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
     if metrics_port:
         try:
             metrics.serve(metrics_port, runtime, host)
         except OSError as e:  # taken since _check_ports
             raise SystemExit(_cannot_listen(host, metrics_port, "metrics", e)) from None
     info = runtime.info
-    limits = message_limits(kind, info.vocab_size, info.max_context)
+    # An n-gram draft's distributions are one token each: a draft worker's limits for a vocabulary of one.
+    limits = message_limits("draft", 1, info.max_context) if kind == "ngram" else \
+        message_limits(kind, info.vocab_size, info.max_context)
 
     async def main():
         status = health.aio.HealthServicer()
@@ -325,10 +332,11 @@ def run_worker(
                 raise SystemExit(_cannot_listen(host, health_port, "health", e)) from None
         # One parseable line: launchers (tandem up, tests) read the port from it. batching=pass:
         # all sessions' steps share one forward pass; sequential: one pass each, in turn.
-        batching = "pass" if runtime.forward_pass.batched else "sequential"
+        forward = getattr(runtime, "forward_pass", None)  # none for n-gram lookup: each session alone, no model
+        batching = "pass" if forward and forward.batched else "sequential"
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
-              f"forward={runtime.forward_pass.name} batching={batching} max_batch_tokens={max_batch_tokens}"
+              f"forward={forward.name if forward else 'lookup'} batching={batching} max_batch_tokens={max_batch_tokens}"
               f"{' tls=on' if tls else ''}{f' health_port={health_port}' if health_port else ''} "
               f"max_request_bytes={limits.receive} max_response_bytes={limits.send}", flush=True)
         stop = asyncio.Event()

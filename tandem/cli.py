@@ -71,10 +71,20 @@ def cmd_worker(args) -> None:
     from tandem.services.server import run_worker
 
     tls = _tls_files(args, "worker")  # before the model loads: a bad path fails in a moment
+    lookup = None
+    if args.kind == "ngram":
+        from tandem.services.ngram import Lookup
+
+        try:
+            lookup = Lookup(args.min_n, args.max_n, args.window)
+        except ValueError as e:
+            raise SystemExit(f"tandem worker ngram: {e}") from None
+    elif not args.model:
+        raise SystemExit(f"tandem worker {args.kind}: --model is required (a Hugging Face model directory)")
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
                parent_pid=args.parent_pid, tls=tls, max_batch_tokens=args.max_batch_tokens,
-               health_port=args.health_port)
+               health_port=args.health_port, lookup=lookup)
 
 
 # --- TLS: tandem certs, and the flags of worker and orchestrator --------------------------------
@@ -186,7 +196,7 @@ def cmd_up(args) -> None:
                            target_workers=args.target_workers, replicas=args.replicas,
                            tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
                            options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT,
-                           worker_args=["--max-batch-tokens", str(args.max_batch_tokens)])
+                           worker_args=["--max-batch-tokens", str(args.max_batch_tokens)], drafter=args.drafter)
     try:
         cluster.start()
     except RuntimeError as e:  # a worker that could not start, e.g. on a taken port: one line, no traceback
@@ -442,6 +452,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--verification", choices=("token", "block"), default="block", help=VERIFICATION_HELP)
+    up.add_argument("--drafter", choices=("model", "ngram"), default="model",
+                    help="draft workers: the draft model, or n-gram lookup in the context (no model: "
+                         "`tandem worker ngram`)")
     up.add_argument("--draft-workers", type=_positive, default=1, help="draft workers to run (restarted if they die)")
     up.add_argument("--target-workers", type=_positive, default=1,
                     help="target verifiers to run (restarted if they die)")
@@ -473,9 +486,15 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the cluster")
     gen.set_defaults(func=cmd_generate)
 
-    worker = sub.add_parser("worker", help="run one draft worker or target verifier (gRPC)")
-    worker.add_argument("kind", choices=["draft", "target"])
-    worker.add_argument("--model", required=True, help="Hugging Face model directory")
+    worker = sub.add_parser("worker", help="run one draft worker, n-gram draft worker or target verifier (gRPC)")
+    worker.add_argument("kind", choices=["draft", "target", "ngram"],
+                        help="ngram: a draft worker without a model, proposing what followed the context's "
+                             "latest earlier match (prompt lookup)")
+    worker.add_argument("--model", help="Hugging Face model directory (draft and target)")
+    worker.add_argument("--min-n", type=_positive, default=1, help="ngram: the shortest suffix matched")
+    worker.add_argument("--max-n", type=_positive, default=4, help="ngram: the longest suffix matched (tried first)")
+    worker.add_argument("--window", type=int, default=1024,
+                        help="ngram: the latest tokens of the context searched (0: all)")
     worker.add_argument("--host", default="127.0.0.1",
                         help="address to bind gRPC and metrics (default: loopback only; "
                              "pass 0.0.0.0 explicitly to serve other machines)")

@@ -32,9 +32,9 @@ def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dt
     `tls`, it serves mutual TLS only. args: more `tandem worker` flags."""
     # --parent-pid: the worker stops when this process is gone, however it went (a SIGKILLed
     # launcher must not leave workers holding their models).
-    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--host", host, "--port", str(port),
-           "--threads", str(threads), "--device", device, "--dtype", dtype, "--metrics-port", str(metrics_port),
-           "--parent-pid", str(os.getpid()), *args]
+    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, *(["--model", model] if model else []),
+           "--host", host, "--port", str(port), "--threads", str(threads), "--device", device, "--dtype", dtype,
+           "--metrics-port", str(metrics_port), "--parent-pid", str(os.getpid()), *args]
     if tls:
         cmd += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca]
     # An OpenMP thread that spins after its parallel region steals a core from the other
@@ -144,12 +144,16 @@ class LocalCluster:
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
                  draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
                  options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False,
-                 worker_args: Sequence[str] = ()) -> None:
+                 worker_args: Sequence[str] = (), drafter: str = "model") -> None:
         """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...). tls_dir: mutual
         TLS between the orchestrator and the workers, with the CA and certificates kept there
         (made by tandem.certs when absent, or when they do not name `host`). metrics_fallback: a
         worker whose metrics port is taken gets a free one (metrics_ports says which) instead of
-        failing start(). worker_args: more `tandem worker` flags for every worker."""
+        failing start(). worker_args: more `tandem worker` flags for every worker. drafter: "model"
+        (draft workers on draft_model) or "ngram" (`tandem worker ngram`, no model)."""
+        if drafter not in ("model", "ngram"):
+            raise ValueError(f"drafter must be 'model' or 'ngram', got {drafter!r}")
+        self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.host = grpc_port, host
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
@@ -243,9 +247,12 @@ class LocalCluster:
     def _worker_starter(self, name: str, port: int) -> Callable[[], subprocess.Popen]:
         """How to start (and restart) worker `name` on `port`."""
         kind = name.split("-")[0]
+        model = self.models[kind]
+        if kind == "draft" and self.drafter == "ngram":
+            kind, model = "ngram", ""
 
         def start() -> subprocess.Popen:
-            proc, self.addresses[name] = spawn_worker(kind, self.models[kind], self.host, self.threads, self.device,
+            proc, self.addresses[name] = spawn_worker(kind, model, self.host, self.threads, self.device,
                                                       self.dtype, self.echo, self.metrics_ports[name], port,
                                                       tls=self.tls["worker"] if self.tls else None,
                                                       args=self.worker_args)

@@ -141,6 +141,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "tandem.validate" -}}
 {{- range $pool := list "drafter" "verifier" }}
 {{- $v := index $.Values $pool }}
+{{- if and (eq $pool "verifier") (eq ($v.kind | default "model") "ngram") }}
+{{- fail "verifier.kind is ngram: only the drafter pool can draft by n-gram lookup; the verifier needs the target model" }}
+{{- end }}
 {{- if and (hasPrefix "cuda" $v.device) (lt (int $v.gpu.count) 1) }}
 {{- fail (printf "%s.device is %s but %s.gpu.count is 0: the pods would get no GPU" $pool $v.device $pool) }}
 {{- end }}

@@ -1,0 +1,42 @@
+"""Write benchmarks/prompts/repetition.jsonl: a repetition-heavy workload built from the held-out
+code, where the prompt contains most of its answer ("rewrite this code with X renamed").
+
+    .venv/bin/python benchmarks/make_repetition_prompts.py
+
+Each prompt is a held-out snippet, a comment asking for it again with its most frequent
+identifier renamed, and the first third of the rewritten snippet: a model that copies continues
+with the rest of it, which an n-gram lookup in the context can propose. The file is committed.
+"""
+
+import argparse
+import json
+import keyword
+import re
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "prompts"
+IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{2,}\b")
+
+
+def rewrite_prompt(code: str) -> str:
+    """The code, the request to rewrite it with a name changed, and the rewrite's first third."""
+    names = Counter(n for n in IDENTIFIER.findall(code) if not keyword.iskeyword(n) and n not in ("self", "None"))
+    name = names.most_common(1)[0][0] if names else "value"
+    renamed = re.sub(rf"\b{re.escape(name)}\b", f"new_{name}", code)
+    return f"{code}\n\n# The same code, with `{name}` renamed to `new_{name}`:\n{renamed[: len(renamed) // 3]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", type=Path, default=HERE / "heldout.jsonl")
+    parser.add_argument("--out", type=Path, default=HERE / "repetition.jsonl")
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
+    out = [{"source": r.get("source", ""), "prompt": rewrite_prompt(r["prompt"])} for r in rows]
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in out))
+    print(f"wrote {len(out)} prompts to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The n-gram draft worker (prompt lookup): no model. It proposes the tokens that followed the
+latest earlier occurrence of the context's longest suffix (n from max_n down to min_n) within
+the last `window` tokens, up to γ of them, or none when nothing matches (a γ-0 cycle).
+
+It is a DraftWorker like the model's: the same service, the same cache_len contract (its
+"cache" is the session's token list, cropped and extended like a KV cache, holding the
+committed tokens and a block's first γ−1 drafted ones, as the orchestrator assumes), so pools,
+failover and traces treat it like any draft worker. Its drafts are one-hot: probability 1 for
+the proposed token, sent as one-entry sparse distributions when the request samples; the
+verifier's residual is then the target with the drafted token removed, which is exact (see
+ARCHITECTURE.md, one-hot drafts). It needs no GPU: a drafter for any CPU node.
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from tandem.math.params import SamplingParams
+from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
+from tandem.services.draft_worker import DraftWorkerServicer
+from tandem.services.runtime import CacheMiss, Step
+from tandem.v1 import worker_pb2_grpc
+from tandem.wire import worker as wire
+
+# What the worker takes: any int32 token id, contexts up to a million tokens. The orchestrator
+# takes the smaller of the two workers' limits, so the target's model sets the real ones.
+VOCAB_SIZE = 2**31 - 1
+MAX_CONTEXT = 1 << 20
+ONE_HOT = np.array([1.0], dtype="<f4").tobytes()
+
+
+@dataclass(frozen=True)
+class Lookup:
+    min_n: int = 1
+    max_n: int = 4
+    window: int = 1024  # tokens of the context searched, the latest; 0: all of it
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got {self.min_n} and {self.max_n}")
+        if self.window < 0:
+            raise ValueError(f"window must be >= 0, got {self.window}")
+
+    def propose(self, context: list[int], gamma: int) -> list[int]:
+        """Up to γ tokens that followed the latest earlier occurrence of the longest matching
+        suffix of context; [] when no suffix of min_n tokens or more occurred before."""
+        searched = np.asarray(context[-self.window:] if self.window else context, dtype=np.int64)  # [L]
+        length = len(searched)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(searched[:-1], n)  # [L−n, n]: all but the suffix
+            starts = np.flatnonzero((windows == searched[-n:]).all(axis=1))
+            if starts.size:
+                follow = int(starts[-1]) + n  # the latest match's next token
+                return searched[follow:follow + gamma].tolist()
+        return []
+
+
+class NgramRuntime:
+    """Each session's committed tokens, with ModelRuntime's cache contract (crop to cache_len,
+    extend, CacheMiss when holding fewer), least-recently-used sessions evicted past a bound."""
+
+    def __init__(self, lookup: Lookup, max_tokens: int = 64 << 20) -> None:
+        self.lookup = lookup
+        self.max_tokens = max_tokens  # tokens held over all sessions (8 bytes each in a list)
+        self.info = wire.ModelInfo(model=f"ngram(n={lookup.min_n}-{lookup.max_n}, window={lookup.window})",
+                                   vocab_size=VOCAB_SIZE, max_context=MAX_CONTEXT, eos_token_ids=(),
+                                   device="cpu", dtype="none", num_parameters=0)
+        self._sessions: OrderedDict[str, list[int]] = OrderedDict()
+        self._held = 0
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def cache_bytes(self) -> int:
+        return 8 * self._held
+
+    def extend_batch(self, steps: list[Step]) -> list:
+        """Per step: the session's tokens after cropping to cache_len and extending (the list
+        itself, for the job to read), or its CacheMiss."""
+        results = []
+        for step in steps:
+            tokens = self._sessions.get(step.session_id)
+            if tokens is None or len(tokens) < step.cache_len:
+                if step.cache_len > 0:
+                    results.append(CacheMiss(step.session_id))
+                    continue
+                tokens = self._sessions[step.session_id] = []
+            self._held += step.cache_len + len(step.tokens) - len(tokens)
+            del tokens[step.cache_len:]
+            tokens.extend(step.tokens)
+            self._sessions.move_to_end(step.session_id)
+            results.append(tokens)
+        self._evict(keep={step.session_id for step in steps})
+        return results
+
+    def release(self, session_id: str) -> bool:
+        tokens = self._sessions.pop(session_id, None)
+        if tokens is None:
+            return False
+        self._held -= len(tokens)
+        return True
+
+    def _evict(self, keep: set[str]) -> None:
+        while self._held > self.max_tokens and (oldest := next(iter(self._sessions))) not in keep:
+            self.release(oldest)
+
+
+def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
+            lookup: Lookup) -> Job:
+    """The job that drafts up to γ tokens by lookup → a Proposal (possibly empty). Raises
+    CacheMiss. Like the model's draft job, it leaves the block's first γ−1 tokens in the cache."""
+    context = yield Step(session_id, cache_len, tokens)
+    drafted = lookup.propose(context, gamma)
+    if len(drafted) > 1:
+        yield Step(session_id, len(context), drafted[:-1])
+    dists = [] if params.greedy else [
+        wire.draft_distribution(np.array([t], dtype="<i4").tobytes(), ONE_HOT) for t in drafted]
+    return wire.Proposal(drafted, [1.0] * len(drafted), dists, 0.0)
+
+
+class NgramDraftServicer(DraftWorkerServicer):
+    """The DraftWorker service answered by lookup."""
+
+    def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
+        job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params,
+                      self.runtime.lookup)
+        return job, 0 if params.greedy else request.gamma
+
+
+def add_to_server(runtime: NgramRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+    worker_pb2_grpc.add_DraftWorkerServicer_to_server(NgramDraftServicer(runtime, max_batch_tokens), server)

@@ -1,0 +1,153 @@
+"""The n-gram draft worker (tandem.services.ngram): the lookup and its session store as pure
+logic; then `tandem worker ngram` as a real process, alone and drafting for the cycle loop with
+a real target verifier and Redis, greedy token-identical to the target alone and sampled
+(one-hot drafts, token and block verification) following the target's distribution."""
+
+import asyncio
+from collections import Counter
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from tandem.math.params import SamplingParams
+from tandem.math.sampling import warp
+from tandem.services.ngram import Lookup, NgramRuntime
+from tandem.services.runtime import CacheMiss, Step
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+from tandem.wire import worker as wire
+
+from cycles import generate, open_session, release, running_loop
+from test_cluster import hf_greedy
+
+
+def test_lookup_proposes_what_followed_the_latest_longest_match():
+    lookup = Lookup(min_n=1, max_n=3, window=0)
+    context = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert lookup.propose(context, 2) == [7, 8]  # the latest "1 2 3" is followed by 7 8
+    assert lookup.propose(context, 10) == [7, 8, 5, 1, 2, 3]  # up to the end of the context
+    assert lookup.propose([4, 5, 6, 5], 3) == [6, 5]  # only "5" matches: n falls back to 1
+    assert lookup.propose([4, 5, 6, 7], 3) == []  # nothing occurred before
+    assert Lookup(min_n=2, max_n=3).propose([4, 5, 6, 5], 3) == []  # "5" alone is too short
+    assert lookup.propose([3], 2) == []
+
+
+def test_lookup_searches_only_its_window():
+    context = [1, 2, 3, 4] + [0] * 20 + [1, 2]
+    assert Lookup(1, 2, window=0).propose(context, 2) == [3, 4]
+    assert Lookup(1, 2, window=10).propose(context, 2) == []  # the earlier "1 2" is outside the last 10
+
+
+def test_lookup_rejects_bad_settings():
+    for bad in (dict(min_n=0), dict(min_n=3, max_n=2), dict(window=-1)):
+        with pytest.raises(ValueError):
+            Lookup(**bad)
+
+
+def test_runtime_crops_extends_and_misses_like_a_kv_cache():
+    runtime = NgramRuntime(Lookup(), max_tokens=10)
+    assert runtime.extend_batch([Step("a", 0, [1, 2, 3])])[0] == [1, 2, 3]
+    assert runtime.extend_batch([Step("a", 2, [7, 8])])[0] == [1, 2, 7, 8]  # cropped to 2, extended
+    miss, fresh = runtime.extend_batch([Step("a", 5, [9]), Step("b", 0, [4])])
+    assert isinstance(miss, CacheMiss) and fresh == [4]  # a miss leaves the other step alone
+    assert runtime.num_sessions == 2 and runtime.cache_bytes == 8 * 5
+    runtime.extend_batch([Step("c", 0, list(range(8)))])  # past the bound: the oldest other one goes
+    assert runtime.num_sessions == 2 and not runtime.release("a")
+    assert runtime.release("c") and runtime.cache_bytes == 8
+
+
+@pytest.fixture(scope="module")
+def ngram_worker():
+    from tandem.local import spawn_worker, stop_processes
+
+    proc, address = spawn_worker("ngram", "", "127.0.0.1", 1, "cpu", "float32", echo=False,
+                                 args=["--max-n", "3"])
+    yield address
+    stop_processes([proc])
+
+
+def test_the_ngram_worker_is_a_draft_worker(ngram_worker):
+    with grpc.insecure_channel(ngram_worker) as channel:
+        stub = worker_pb2_grpc.DraftWorkerStub(channel)
+        info = wire.model_info_from_pb(stub.Describe(worker_pb2.DescribeRequest(), timeout=30))
+        assert info.num_parameters == 0 and info.model.startswith("ngram")
+        seq = [5, 6, 7, 8, 9, 5, 6]
+
+        def propose(session, cache_len, tokens, gamma, params=SamplingParams(temperature=0.0)):
+            request = wire.propose_request(session, cache_len, tokens, gamma, params)
+            return wire.proposal_from_pb(stub.Propose(request, timeout=30))
+
+        greedy = propose("s", 0, seq, 3)
+        assert greedy.draft_tokens == [7, 8, 9] and greedy.draft_token_probs == [1.0] * 3
+        assert greedy.draft_distributions == []
+        # The worker now holds seq and the block's first γ−1 tokens, as a model draft's cache does:
+        # the next call crops to what was accepted (two of three) and feeds the recovered token.
+        assert propose("s", len(seq) + 2, [4], 2).draft_tokens == []  # "…9 4" never occurred
+        assert propose("s", 3, [8, 9, 5, 6, 7], 2).draft_tokens == [8, 9]
+        sampled = propose("t", 0, seq, 2, SamplingParams(temperature=1.0, seed=1))
+        assert sampled.draft_tokens == [7, 8]
+        assert [np.frombuffer(d.token_ids, "<i4").tolist() for d in sampled.draft_distributions] == [[7], [8]]
+        assert all(np.frombuffer(d.probs, "<f4").tolist() == [1.0] for d in sampled.draft_distributions)
+        assert propose("unknown", 4, [1], 2) is None  # a cache miss, as from a model draft
+
+
+def test_ngram_drafts_keep_greedy_output_identical_to_the_target(ngram_worker, workers, redis_url, pair,
+                                                                 target_model):
+    prompt = pair["prompts"][3] * 3  # repetition: the lookup finds matches
+    expected = hf_greedy(target_model, prompt, 24)
+
+    async def run():
+        async with running_loop([ngram_worker], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            out = {}
+            for gamma in (4, None):
+                s = await open_session(loop, f"ngram-greedy-{gamma}", prompt, SamplingParams(temperature=0.0), 24,
+                                       gamma)
+                out[gamma] = (await generate(loop, s), s.stats)
+                await release(loop, s)
+            return out
+
+    out = asyncio.run(run())
+    for gamma, (tokens, _) in out.items():
+        assert tokens == expected, f"gamma {gamma}"
+    # Right after the prompt its last tokens match an earlier copy; adaptive γ's first cycle is
+    # the target's alone, and what follows may never match (random weights), so only fixed γ
+    # is sure to draft here.
+    assert sum(c.gamma for c in out[4][1].per_cycle) > 0, "the lookup should have drafted"
+
+
+@pytest.mark.parametrize("verification", ["token", "block"])
+def test_sampled_first_token_through_ngram_drafts_follows_the_target(ngram_worker, workers, redis_url, pair,
+                                                                     target_model, verification):
+    """One-hot drafts under a sampled target: accepted with the target's probability of the
+    drafted token, else the target without it. χ² of the first token over many seeds."""
+    prompt = pair["prompts"][4] * 3
+    params = SamplingParams(temperature=1.0, top_k=8)
+    with torch.no_grad():
+        expected = warp(target_model(torch.tensor([prompt])).logits[0, -1], params).double().numpy()
+    n = 300
+
+    async def run():
+        async with running_loop([ngram_worker], [workers["target"]], redis_url, (pair["eos"],),
+                                draft_ahead=False) as loop:
+            slots = asyncio.Semaphore(16)
+
+            async def one(seed):
+                async with slots:
+                    s = await open_session(loop, f"ngram-{verification}-{seed}", prompt,
+                                           SamplingParams(1.0, 8, 1.0, seed), 4, 3)
+                    s.verification = verification
+                    tokens = await generate(loop, s)
+                    await release(loop, s)
+                    return tokens[0], s.stats.per_cycle[0].gamma
+
+            return await asyncio.gather(*(one(seed) for seed in range(n)))
+
+    results = asyncio.run(run())
+    assert sum(gamma for _, gamma in results) > 0, "the lookup should have drafted"
+    firsts = Counter(token for token, _ in results)
+    support = np.flatnonzero(expected)
+    assert set(firsts) <= set(support.tolist())
+    observed = np.array([firsts[t] for t in support], dtype=float)
+    assert chisquare(observed, expected[support] / expected[support].sum() * n).pvalue > 1e-3
