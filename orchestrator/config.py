@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tandem.orchestrator.pool import split_address
 from tandem.orchestrator.store import check_redis_url
 from tandem.tls import TLSFiles
+from tandem.wire.generation import VERIFICATION_MODES
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class OrchestratorConfig:
             self.tls.check()  # here, not at the first worker call inside a Ray replica
         if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
             raise ValueError(f"tokenizer directory not found: {self.tokenizer}")
-        if self.verification not in ("token", "block"):
-            raise ValueError(f"verification must be 'token' or 'block', got {self.verification!r}")
+        if self.verification not in VERIFICATION_MODES:
+            raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
         if not 0 <= self.max_gamma <= 64:
             raise ValueError(f"max_gamma must be in [0, 64], got {self.max_gamma}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:

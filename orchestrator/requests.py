@@ -23,7 +23,7 @@ class Limits:
     max_gamma: int
     max_tokens_cap: int
     default_max_tokens: int
-    default_verification: str = "block"
+    default_verification: str  # for a request that does not say
 
     @property
     def max_prompt_chars(self) -> int:
@@ -33,7 +33,7 @@ class Limits:
 
     @classmethod
     def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
-           default_max_tokens: int, default_verification: str = "block") -> "Limits":
+           default_max_tokens: int, default_verification: str) -> "Limits":
         return cls(min(draft.vocab_size, target.vocab_size), min(draft.max_context, target.max_context),
                    max_gamma, max_tokens_cap, default_max_tokens, default_verification)
 
@@ -44,7 +44,7 @@ class ResolvedRequest:
     max_tokens: int
     params: SamplingParams
     gamma: int | None  # None: adaptive
-    verification: str = "block"  # how drafted blocks are accepted: "token" or "block"
+    verification: str  # how drafted blocks are accepted: "token" or "block"
 
 
 def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedRequest:

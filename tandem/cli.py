@@ -129,6 +129,7 @@ def cmd_certs(args) -> None:
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
+VERIFICATIONS = ("token", "block")  # tandem.wire.generation.VERIFICATION_MODES, without importing the wire here
 VERIFICATION_HELP = ("how drafted blocks are accepted unless a request says: the block's prefix jointly (block "
                      "verification, Sun et al. 2025; the default) or token by token; the same for greedy requests")
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
@@ -374,7 +375,7 @@ def cmd_bench(args) -> None:
         raise SystemExit("tandem bench: --gammas and --concurrency take '0-8' or '1,2,4'") from None
     workloads = args.workloads.split(",")
     verifications = args.verification.split(",")
-    if not verifications or not set(verifications) <= {"token", "block"}:
+    if not verifications or not set(verifications) <= set(VERIFICATIONS):
         raise SystemExit("tandem bench: --verification is token, block or token,block")
     if not set(workloads) <= {"greedy", "sampled"} or not gammas or min(gammas) < 0 or min(concurrency, default=1) < 1:
         raise SystemExit("tandem bench: --workloads is greedy,sampled; gammas >= 0; concurrency >= 1")
@@ -451,7 +452,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--dtype", default="float32")
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
-    up.add_argument("--verification", choices=("token", "block"), default="block", help=VERIFICATION_HELP)
+    up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     up.add_argument("--drafter", choices=("model", "ngram"), default="model",
                     help="draft workers: the draft model, or n-gram lookup in the context (no model: "
                          "`tandem worker ngram`)")
@@ -481,7 +482,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--gamma", default=None, help="draft length per cycle, or 'auto' (default)")
-    gen.add_argument("--verification", choices=("token", "block"), default=None,
+    gen.add_argument("--verification", choices=VERIFICATIONS, default=None,
                      help="how drafted blocks are accepted (default: the server's)")
     gen.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the cluster")
     gen.set_defaults(func=cmd_generate)
@@ -528,7 +529,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
-    orch.add_argument("--verification", choices=("token", "block"), default="block", help=VERIFICATION_HELP)
+    orch.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     _add_tls_flags(orch, "orchestrator")
     orch.set_defaults(func=cmd_orchestrator, extra="server")
 

@@ -111,3 +111,10 @@ def test_only_the_wire_builds_messages():
     for module, found in _imports_of("tandem").items():
         messages = {n for n in found if _in(n, "tandem.v1") and n.endswith("_pb2")}
         assert not messages or _in(module, "tandem.wire", "tandem.v1"), f"{module} imports {sorted(messages)}"
+
+
+def test_the_cli_offers_the_verification_modes_the_wire_knows():
+    from tandem import cli
+    from tandem.wire.generation import VERIFICATION_MODES
+
+    assert cli.VERIFICATIONS == VERIFICATION_MODES  # the CLI keeps its own copy: it imports no wire at start

@@ -176,7 +176,8 @@ def _speedup_vs_gamma(plt, results, path):
                        [r["speedup_vs_hf_target"]["p75"] - m for m, (_, r) in zip(med, series)]]
                 ax.errorbar([g for g, _ in series], med, yerr=err, marker="o", capsize=3,
                             label=f"tandem, fixed γ, {verification} verification (median, IQR)")
-        fixed = sorted((mode_gamma(m), r) for m, r in rows.items() if m.startswith("gamma_") and BLOCK not in m)
+        fixed = sorted((mode_gamma(m), r) for m, r in rows.items()
+                       if m.startswith("gamma_") and mode_verification(m) == "token")
         gammas = [g for g, _ in fixed]
         base = rows.get("gamma_0", {}).get("speedup_vs_hf_target", {}).get("median")
         if base:  # the analytic bound is relative to tandem γ=0: put it on the same scale

@@ -12,21 +12,21 @@ from tandem.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from tandem.wire.validation import invalid
 
 # How a drafted block is accepted (tandem.v1.Verification); "" means the server's default.
+_VERIFICATION_PB = {"": sampling_pb2.VERIFICATION_UNSPECIFIED, "token": sampling_pb2.VERIFICATION_TOKEN,
+                    "block": sampling_pb2.VERIFICATION_BLOCK}
+_VERIFICATION_OF_PB = {v: k for k, v in _VERIFICATION_PB.items()}
 VERIFICATION_MODES = ("token", "block")
 
 
 def verification_mode_to_pb(mode: str) -> int:
-    return {"": sampling_pb2.VERIFICATION_UNSPECIFIED, "token": sampling_pb2.VERIFICATION_TOKEN,
-            "block": sampling_pb2.VERIFICATION_BLOCK}[mode]
+    return _VERIFICATION_PB[mode]
 
 
 def verification_mode_from_pb(value: int) -> str:
     """→ "token", "block", or "" when unspecified. Raises ValueError on a value this version lacks."""
-    modes = {sampling_pb2.VERIFICATION_UNSPECIFIED: "", sampling_pb2.VERIFICATION_TOKEN: "token",
-             sampling_pb2.VERIFICATION_BLOCK: "block"}
-    if value not in modes:
+    if value not in _VERIFICATION_OF_PB:
         raise ValueError(f"unknown verification {value}")
-    return modes[value]
+    return _VERIFICATION_OF_PB[value]
 
 
 @dataclass
