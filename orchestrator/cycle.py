@@ -35,6 +35,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from tandem import tracing
+from tandem.cpu import CpuMeter
 from tandem.math.acceptance import accepted_jointly, count_accepted, output_tokens
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, uniforms
@@ -117,6 +118,7 @@ class SpeculativeLoop:
         self.draft_ahead = draft_ahead
         self.verifier_wait_s = verifier_wait_s
         self.in_flight = 0  # sessions running in this loop
+        self.cpu = CpuMeter()
 
     async def run(self, s: Session, parent: Context | None = None) -> AsyncIterator[CycleOutput]:
         """Cycles until EOS or max_tokens; each cycle's span is a child of `parent`."""
@@ -222,7 +224,7 @@ class SpeculativeLoop:
         # 6. Teach the policy what the cycle measured, and start the next cycle's first call:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
         record = _measure(s, began, call, gamma, accepted, len(new), draft, verify, ahead_reply)
-        s.policy.observe(_costs(record, draft, verify))
+        s.policy.observe(_costs(record, draft, verify, self.cpu.count()))
         following = None if s.finish_reason else self._launch(s, parent, block)
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),
@@ -401,18 +403,34 @@ def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted:
     )
 
 
-def _costs(c: CycleStats, draft: Reply | None, verify: Reply) -> CycleCosts:
-    """What the γ policy learns from a cycle: transports per worker, overhead together."""
+def _costs(c: CycleStats, draft: Reply | None, verify: Reply, overhead_ms: float) -> CycleCosts:
+    """What the γ policy learns from a cycle: what each call's work cost its worker (a worker that
+    does not measure it: its compute time, and the call's transport), the orchestrator's CPU per
+    cycle (its orchestration time until that is measured), and the latency beyond them."""
+    draft_call, verify_call = _call(draft), _call(verify)
+    overhead = overhead_ms if overhead_ms >= 0 else c.orchestration_ms
     return CycleCosts(
         gamma=c.gamma, accepted=c.accepted,
-        draft_compute_ms=c.draft_ms,
-        draft_transport_ms=_transport(draft),
-        verify_compute_ms=c.verify_ms,
-        verify_transport_ms=_transport(verify),
-        overhead_ms=c.orchestration_ms,  # the Redis commit overlaps the next cycle's first call
+        draft_cost_ms=_cost(draft), draft_call_ms=draft_call,
+        verify_cost_ms=_cost(verify), verify_call_ms=verify_call,
+        overhead_ms=overhead,
+        draft_latency_ms=max(0.0, _transport(draft) - draft_call),
+        latency_ms=max(0.0, _transport(verify) - verify_call) + max(0.0, c.orchestration_ms - overhead),
         drafted_ahead=c.drafted_ahead,
         draft_fed=draft.fed if draft else 0,
         verify_fed=verify.fed,
         draft_batching=draft.answer.batching if draft else None,
         verify_batching=verify.answer.batching,
     )
+
+
+def _cost(reply: Reply | None) -> float:
+    if not reply:
+        return 0.0
+    return reply.answer.batching.cost_ms or reply.answer.compute_ms
+
+
+def _call(reply: Reply | None) -> float:
+    if not reply:
+        return 0.0
+    return reply.answer.batching.handling_ms if reply.answer.batching.cost_ms else _transport(reply)

@@ -16,14 +16,27 @@ charges the session its share of a pass: intercept / (sessions in the pass) + sl
 tokens). Summed over the sessions of a pass the shares are the pass, so a session that
 maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense:
 
-    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft transport  (γ > 0)
-    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify transport
+    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call  (γ > 0)
+    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call
+    overhead = orchestrator CPU + latency / verify sessions
 
 Alone (one session per pass) this is the session's own speed. With many sessions the
 intercepts are shared and only the per-token slopes stay whole: drafting pays when the draft's
-tokens are accepted often enough to beat what verifying them costs everyone. Time a call waited
-for passes of other sessions is nobody's cost here (the others' shares count it) and is left out
-of transport.
+tokens are accepted often enough to beat what verifying them costs everyone.
+
+The cluster's time is what the work uses, not what it waited for. A pass costs its device's
+time (the workers' Batching.cost_ms: CPU time on a CPU, wall time on an accelerator). A call
+costs its worker's CPU outside the passes (Batching.handling_ms), and a cycle costs the
+orchestrator's CPU per cycle (overhead; tandem.cpu). Time a call waited for other sessions'
+passes, for the orchestrator's event loop or for a core is nobody's cost (the others' shares
+count their work); charged as wall time it was most of a cycle at 64 sessions on 2 cores, and
+made γ climb to amortize a cost that was not there (adaptive γ fell below γ = 0 there).
+
+Latency (what a cycle's calls and orchestration took beyond their CPU: the network, waits for
+the loop or a core) uses nothing, but it is the session's own time: alone, a session's speed
+is E / its wall time, and γ rightly climbs to amortize it. It is charged like a pass's
+intercept, shared by the sessions of a verify pass: whole alone (the session's own speed), a
+small part when many sessions keep the cluster busy through it (its work: throughput).
 
 Worker costs are learned from steady cycles only. A call that feeds a worker more committed
 tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
@@ -49,11 +62,13 @@ class CycleCosts:
 
     gamma: int
     accepted: int
-    draft_compute_ms: float
-    draft_transport_ms: float
-    verify_compute_ms: float
-    verify_transport_ms: float
-    overhead_ms: float  # orchestration (the Redis commit is overlapped)
+    draft_cost_ms: float  # the draft call's work in its device's time (Batching.cost_ms)
+    draft_call_ms: float  # the draft worker's CPU per call besides (Batching.handling_ms)
+    verify_cost_ms: float
+    verify_call_ms: float
+    overhead_ms: float  # the orchestrator's CPU per cycle
+    draft_latency_ms: float = 0.0  # the draft call's wall time beyond its work and CPU
+    latency_ms: float = 0.0  # the verify call's and the orchestration's, likewise
     drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
     draft_fed: int = 1  # committed tokens each call fed its worker besides the block
     verify_fed: int = 1
@@ -98,9 +113,11 @@ class GammaPolicy:
     accepted: float = 0.0
     verified: float = 0.0
     # Exponentially weighted estimates; negative means not measured yet.
-    draft_transport_ms: float = -1.0
-    verify_transport_ms: float = -1.0
+    draft_call_ms: float = -1.0
+    verify_call_ms: float = -1.0
     overhead_ms: float = -1.0
+    draft_latency_ms: float = -1.0
+    latency_ms: float = -1.0
     draft_sessions: float = -1.0  # sessions per draft pass
     verify_sessions: float = -1.0  # sessions per verify pass
     # Each worker's cost of one pass against the tokens it ran (every session's).
@@ -124,8 +141,11 @@ class GammaPolicy:
         return intercept / max(self.verify_sessions, 1.0) + slope * (gamma + 1)
 
     def cycle_ms(self, gamma: int) -> float:
-        draft = gamma * self.draft_ms_per_token() + self.draft_transport_ms if gamma else 0.0
-        return draft + self.verify_ms(gamma) + self.verify_transport_ms + self.overhead_ms
+        share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
+        verify = self.verify_ms(gamma) + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
+        if not gamma:
+            return verify
+        return gamma * self.draft_ms_per_token() + self.draft_call_ms + share * max(self.draft_latency_ms, 0.0) + verify
 
     def tokens_per_ms(self, gamma: int) -> float:
         return expected_tokens(self.alpha, gamma) / max(self.cycle_ms(gamma), 1e-6)
@@ -150,15 +170,17 @@ class GammaPolicy:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
             self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
-            self.draft_pass.add(passes.tokens / passes.passes, c.draft_compute_ms / passes.passes, self.decay)
-            self.draft_transport_ms = self._ewma(self.draft_transport_ms, c.draft_transport_ms)
+            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, self.decay)
+            self.draft_call_ms = self._ewma(self.draft_call_ms, c.draft_call_ms)
+            self.draft_latency_ms = self._ewma(self.draft_latency_ms, c.draft_latency_ms)
         self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
+        self.latency_ms = self._ewma(self.latency_ms, c.latency_ms)
         if c.verify_fed > STEADY_VERIFY_FED:
             return
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
         self.verify_sessions = self._ewma(self.verify_sessions, passes.sessions / passes.passes)
-        self.verify_pass.add(passes.tokens / passes.passes, c.verify_compute_ms / passes.passes, self.decay)
-        self.verify_transport_ms = self._ewma(self.verify_transport_ms, c.verify_transport_ms)
+        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, self.decay)
+        self.verify_call_ms = self._ewma(self.verify_call_ms, c.verify_call_ms)
 
     def _ewma(self, old: float, new: float) -> float:
         return new if old < 0 else self.decay * old + (1 - self.decay) * new

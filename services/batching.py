@@ -9,6 +9,11 @@ long), runs all their steps in one pass (`ModelRuntime.extend_batch`), and hands
 logits. A job with more steps waits for the next round; a job that arrived meanwhile joins it.
 Nothing waits for a batch to fill: an idle thread runs a lone job at once.
 
+Each job's answer says what its work cost (Batching.cost_ms): the passes it took part in, whole,
+in the device's scarce time: CPU time on a CPU, which the machine's other processes share (a
+pass's wall time there counts the time it waited for a core), wall time on an accelerator,
+which the worker owns.
+
 Batching changes which rows share a matrix product, nothing else: every job keeps its own
 cache, positions and random numbers, so the answers are those of the job run alone up to the
 floating-point rounding of a larger product (README: what is batch-invariant).
@@ -23,6 +28,8 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from tandem.services import metrics
 from tandem.services.runtime import ModelRuntime, Step
@@ -44,6 +51,7 @@ class _Running:
     submitted: float  # time.perf_counter() at submit
     step: Step | None = None
     compute_ms: float = 0.0  # the passes it took part in, and its own work between them
+    cost_ms: float = 0.0  # the same work in the device's time (the module's docstring)
     batching: Batching = field(default_factory=Batching)  # those passes, every session's tokens in them
 
 
@@ -55,6 +63,12 @@ class Batcher:
             raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.runtime = runtime
         self.max_batch_tokens = max_batch_tokens
+        # The model thread's CPU clock: its own, unless torch's intra-op threads share its work.
+        device = getattr(runtime, "device", None)  # None: no model (the n-gram drafter)
+        on_cpu = device is None or device.type == "cpu"
+        shared = device is not None and on_cpu and torch.get_num_threads() > 1
+        self._cpu = time.process_time if shared else time.thread_time
+        self._cost_is_wall = not on_cpu
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
@@ -102,16 +116,17 @@ class Batcher:
     def _round(self, waiting: list[_Running]) -> None:
         batch = self._pick(waiting)
         tokens = sum(len(r.step.tokens) for r in batch)
-        start = time.perf_counter()
+        start = self._start()
         try:
             results = self.runtime.extend_batch([r.step for r in batch])
         except BaseException as e:  # the pass itself failed: every job in it fails, no other
             results = [e] * len(batch)
-        elapsed = (time.perf_counter() - start) * 1e3
+        elapsed, cost = self._since(start)
         metrics.batch_sessions.observe(len(batch))
         metrics.batch_tokens.observe(tokens)
         for running, result in zip(batch, results):
             running.compute_ms += elapsed
+            running.cost_ms += cost
             b = running.batching
             b.passes, b.tokens, b.sessions = b.passes + 1, b.tokens + tokens, b.sessions + len(batch)
             waiting.remove(running)
@@ -130,11 +145,18 @@ class Batcher:
             tokens += n
         return batch
 
-    @staticmethod
-    def _advance(running: _Running, result) -> bool:
+    def _start(self) -> tuple[float, float]:
+        return time.perf_counter(), self._cpu()
+
+    def _since(self, start: tuple[float, float]) -> tuple[float, float]:
+        """(wall ms, cost ms) of the model thread's work since start."""
+        wall, cpu = (time.perf_counter() - start[0]) * 1e3, (self._cpu() - start[1]) * 1e3
+        return wall, wall if self._cost_is_wall else cpu
+
+    def _advance(self, running: _Running, result) -> bool:
         """Give the job its step's result (None to start it) → True when it has another step;
         False once its answer (or its exception) is on its future."""
-        start = time.perf_counter()
+        start = self._start()
         try:
             if isinstance(result, BaseException):
                 running.step = running.job.throw(result)
@@ -142,15 +164,19 @@ class Batcher:
                 running.step = running.job.send(result)
         except StopIteration as done:
             answer = done.value
+            elapsed, cost = self._since(start)
             if hasattr(answer, "compute_ms"):
-                done = time.perf_counter()
-                answer.compute_ms = running.compute_ms + (done - start) * 1e3
-                running.batching.wait_ms = max(0.0, (done - running.submitted) * 1e3 - answer.compute_ms)
-                answer.batching = running.batching
+                answer.compute_ms = running.compute_ms + elapsed
+                b = running.batching
+                b.wait_ms = max(0.0, (time.perf_counter() - running.submitted) * 1e3 - answer.compute_ms)
+                b.cost_ms = running.cost_ms + cost
+                answer.batching = b
             running.future.set_result(answer)
             return False
         except BaseException as e:
             running.future.set_exception(e)
             return False
-        running.compute_ms += (time.perf_counter() - start) * 1e3
+        elapsed, cost = self._since(start)
+        running.compute_ms += elapsed
+        running.cost_ms += cost
         return True

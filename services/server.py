@@ -13,6 +13,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from tandem import tracing
+from tandem.cpu import CpuMeter
 from tandem.math.params import SamplingParams
 from tandem.ports import port_in_use, port_in_use_line
 from tandem.services import memory, metrics
@@ -114,6 +115,7 @@ class WorkerServicer:
         self.runtime = runtime
         # One thread owns the model and runs the work of all sessions in shared passes.
         self.batcher = Batcher(runtime, max_batch_tokens)
+        self.handling = CpuMeter()  # the event loop's CPU per call: decoding, validating, encoding
         self.queued = 0  # jobs waiting for the model thread or running on it
         self._trim_pending = False
 
@@ -180,12 +182,14 @@ class WorkerServicer:
                 failure = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
             else:
                 failure = None
+            handling_ms = max(0.0, self.handling.count())  # every call's, a failed one's too
             if failure:
                 span.set_status(Status(StatusCode.ERROR, failure[1]))
                 context.set_code(failure[0])
                 context.set_details(failure[1])
                 return None
             if hasattr(result, "compute_ms"):
+                result.batching.handling_ms = handling_ms
                 span.set_attribute("tandem.compute_ms", result.compute_ms)
                 metrics.compute.labels(rpc=rpc).observe(result.compute_ms / 1e3)
             elif result is None:  # Propose and Verify answer None on a cache miss
@@ -300,7 +304,8 @@ def run_worker(
 
     if threads:
         torch.set_num_threads(threads)
-    adders = {"draft": draft_worker.add_to_server, "ngram": ngram.add_to_server, "target": target_verifier.add_to_server}
+    adders = {"draft": draft_worker.add_to_server, "ngram": ngram.add_to_server,
+              "target": target_verifier.add_to_server}
     add = functools.partial(adders[kind], max_batch_tokens=max_batch_tokens)
     tracing.setup({"draft": "tandem-draft-worker", "ngram": "tandem-ngram-draft-worker",
                    "target": "tandem-target-verifier"}[kind])

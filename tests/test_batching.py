@@ -174,3 +174,20 @@ def test_the_token_budget_splits_rounds_and_the_oldest_always_runs(model_dir):
     assert [(a.batching.passes, a.batching.tokens, a.batching.sessions) for a in answers] == \
         [(1, 30, 1), (1, 10, 2), (1, 10, 2), (1, 7, 2), (1, 7, 2)]
     assert answers[3].batching.wait_ms > answers[1].batching.wait_ms > 0
+
+
+def test_a_pass_costs_its_cpu_time_not_the_time_it_waited_for_a_core(model_dir):
+    """On a CPU, what a call's work cost (Batching.cost_ms) is CPU time: a pass kept 50 ms from a
+    core (here: asleep first) takes 50 ms more of wall time and no more of the machine."""
+    runtime = ModelRuntime(model_dir)
+    extend_batch = runtime.extend_batch
+
+    def descheduled(steps):
+        time.sleep(0.05)
+        return extend_batch(steps)
+
+    runtime.extend_batch = descheduled
+    batcher = Batcher(runtime)
+    answer = batcher.submit(verify("slow", 0, prompt(8, 1), prompt(3, 2), None, GREEDY)).result(TIMEOUT_S)
+    assert answer.compute_ms >= 50
+    assert 0 < answer.batching.cost_ms < answer.compute_ms - 40

@@ -67,15 +67,15 @@ def test_best_gamma_known_values():
 
 def cheap_good_cycle(gamma: int) -> CycleCosts:
     """A cheap draft that is always right: verify costs 10 + 0.5 per token verified."""
-    return CycleCosts(gamma=gamma, accepted=gamma, draft_compute_ms=0.2 * gamma, draft_transport_ms=0.3,
-                      verify_compute_ms=10 + 0.5 * (gamma + 1), verify_transport_ms=0.3, overhead_ms=0.5)
+    return CycleCosts(gamma=gamma, accepted=gamma, draft_cost_ms=0.2 * gamma, draft_call_ms=0.3,
+                      verify_cost_ms=10 + 0.5 * (gamma + 1), verify_call_ms=0.3, overhead_ms=0.5)
 
 
 def costly_bad_cycle(gamma: int) -> CycleCosts:
     """An expensive draft that is always wrong."""
-    return CycleCosts(gamma=gamma, accepted=0, draft_compute_ms=30.0 * gamma if gamma else 0.0,
-                      draft_transport_ms=2.0 if gamma else 0.0, verify_compute_ms=10 + 0.5 * (gamma + 1),
-                      verify_transport_ms=0.3, overhead_ms=0.5)
+    return CycleCosts(gamma=gamma, accepted=0, draft_cost_ms=30.0 * gamma if gamma else 0.0,
+                      draft_call_ms=2.0 if gamma else 0.0, verify_cost_ms=10 + 0.5 * (gamma + 1),
+                      verify_call_ms=0.3, overhead_ms=0.5)
 
 
 def brute_force_choice(policy: GammaPolicy, top: int) -> int:
@@ -133,20 +133,20 @@ def test_costs_are_learned_from_steady_cycles_only():
     """A prefill, a re-prefill or a draft catching up feeds more tokens than a steady cycle
     and costs accordingly: the per-token estimates must not learn from it."""
     policy = GammaPolicy()
-    prefill = replace(cheap_good_cycle(4), draft_compute_ms=80.0, verify_compute_ms=90.0,
+    prefill = replace(cheap_good_cycle(4), draft_cost_ms=80.0, verify_cost_ms=90.0,
                       draft_fed=60, verify_fed=60)
     policy.observe(prefill)
     assert policy.draft_pass.n == 0 and policy.verify_pass.n == 0 and policy.overhead_ms == 0.5
     assert policy.choose() == policy.initial_gamma  # nothing steady measured yet
     policy = trained(cheap_good_cycle, [4, 2, 4, 6] * 3)
     before = policy.to_dict()
-    catch_up = replace(cheap_good_cycle(1), draft_compute_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
+    catch_up = replace(cheap_good_cycle(1), draft_cost_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
     policy.observe(catch_up)
     assert asdict(policy.draft_pass) == before["draft_pass"]
     assert policy.verify_pass.n > before["verify_pass"]["n"]  # the verifier's call was steady
     assert policy.accepted == pytest.approx(policy.decay * before["accepted"] + 1)  # acceptance counts
     per_token = policy.draft_ms_per_token()
-    policy.observe(replace(cheap_good_cycle(2), draft_compute_ms=2.0, draft_fed=2))  # a full accept: steady
+    policy.observe(replace(cheap_good_cycle(2), draft_cost_ms=2.0, draft_fed=2))  # a full accept: steady
     assert policy.draft_ms_per_token() > per_token
 
 
@@ -160,7 +160,7 @@ def test_a_probe_that_catches_up_does_not_keep_the_policy_at_zero():
         gammas.append(gamma)
         fed = 1 + (policy.zero_streak if gamma else 0)  # the draft catches up on γ-0 cycles
         cycle = cheap_good_cycle(gamma)
-        policy.observe(replace(cycle, draft_compute_ms=cycle.draft_compute_ms + 2.0 * fed, draft_fed=fed))
+        policy.observe(replace(cycle, draft_cost_ms=cycle.draft_cost_ms + 2.0 * fed, draft_fed=fed))
     assert gammas[0] == 0 and gammas[-1] >= 3
 
 
@@ -216,22 +216,22 @@ def test_acceptance_estimate_counts_verified_tokens():
 
 def test_cost_estimates():
     policy = GammaPolicy(decay=0.9)
-    policy.observe(CycleCosts(4, 2, draft_compute_ms=8.0, draft_transport_ms=1.0, verify_compute_ms=12.0,
-                              verify_transport_ms=2.0, overhead_ms=3.0))
-    assert policy.draft_ms_per_token() == 2.0 and policy.draft_transport_ms == 1.0
-    assert policy.verify_transport_ms == 2.0 and policy.overhead_ms == 3.0
-    policy.observe(CycleCosts(2, 2, draft_compute_ms=8.0, draft_transport_ms=3.0, verify_compute_ms=12.0,
-                              verify_transport_ms=4.0, overhead_ms=5.0))
+    policy.observe(CycleCosts(4, 2, draft_cost_ms=8.0, draft_call_ms=1.0, verify_cost_ms=12.0,
+                              verify_call_ms=2.0, overhead_ms=3.0))
+    assert policy.draft_ms_per_token() == 2.0 and policy.draft_call_ms == 1.0
+    assert policy.verify_call_ms == 2.0 and policy.overhead_ms == 3.0
+    policy.observe(CycleCosts(2, 2, draft_cost_ms=8.0, draft_call_ms=3.0, verify_cost_ms=12.0,
+                              verify_call_ms=4.0, overhead_ms=5.0))
     assert policy.draft_ms_per_token() == pytest.approx((0.9 * 2 + 4) / 1.9)  # the fit's decayed mean
-    assert policy.draft_transport_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
-    assert policy.verify_transport_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
+    assert policy.draft_call_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
+    assert policy.verify_call_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
     assert policy.overhead_ms == pytest.approx(0.9 * 3 + 0.1 * 5)
-    before = (policy.draft_ms_per_token(), policy.draft_transport_ms)
+    before = (policy.draft_ms_per_token(), policy.draft_call_ms)
     policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
-    assert (policy.draft_ms_per_token(), policy.draft_transport_ms) == before
+    assert (policy.draft_ms_per_token(), policy.draft_call_ms) == before
     alpha = policy.alpha
     policy.observe(CycleCosts(3, 3, 0.0, 0.0, 12.0, 2.0, 3.0, drafted_ahead=True))  # no draft call this cycle
-    assert (policy.draft_ms_per_token(), policy.draft_transport_ms) == before
+    assert (policy.draft_ms_per_token(), policy.draft_call_ms) == before
     assert policy.alpha > alpha  # its acceptance still counts
 
 
@@ -241,8 +241,8 @@ def test_verify_cost_fit_recovers_a_linear_cost():
         policy.observe(CycleCosts(g, 0, 1.0 * g, 0.5, 5.0 + 2.0 * (g + 1), 0.5, 0.5))
     for g in range(0, 9):
         assert policy.verify_ms(g) == pytest.approx(5.0 + 2.0 * (g + 1), rel=1e-6)
-        draft = g * policy.draft_ms_per_token() + policy.draft_transport_ms if g else 0.0
-        want = draft + policy.verify_ms(g) + policy.verify_transport_ms + policy.overhead_ms
+        draft = g * policy.draft_ms_per_token() + policy.draft_call_ms if g else 0.0
+        want = draft + policy.verify_ms(g) + policy.verify_call_ms + policy.overhead_ms
         assert policy.cycle_ms(g) == pytest.approx(want)
 
 
@@ -272,9 +272,9 @@ def loaded_cycle(gamma: int, sessions: int, others_tokens: int = 2) -> CycleCost
     others = (sessions - 1) * others_tokens
     verify = Batching(1, others + gamma + 1, sessions)
     draft = Batching(gamma, gamma * (others + 1), gamma * sessions) if gamma else None
-    return CycleCosts(gamma=gamma, accepted=gamma // 2, draft_compute_ms=sum_passes(draft, 2.0, 0.4),
-                      draft_transport_ms=0.3 if gamma else 0.0, verify_compute_ms=sum_passes(verify, 10.0, 0.5),
-                      verify_transport_ms=0.3, overhead_ms=0.5, draft_fed=1, verify_fed=1,
+    return CycleCosts(gamma=gamma, accepted=gamma // 2, draft_cost_ms=sum_passes(draft, 2.0, 0.4),
+                      draft_call_ms=0.3 if gamma else 0.0, verify_cost_ms=sum_passes(verify, 10.0, 0.5),
+                      verify_call_ms=0.3, overhead_ms=0.5, draft_fed=1, verify_fed=1,
                       draft_batching=draft, verify_batching=verify)
 
 
@@ -309,6 +309,22 @@ def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
     for g in [0] * 7 + [loaded.choose()] * 12:  # the load goes; a probe measures passes alone again
         loaded.observe(loaded_cycle(g, 1))
     assert loaded.choose() > 0
+
+
+def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
+    """40 ms per cycle of waiting (the network, the loop, a core) and no CPU: alone it is the
+    session's own time and drafting amortizes it; with 32 sessions per pass it is charged at a
+    pass's share, and a half-accepted draft stops paying, as without it. Charged whole (as wall
+    time was), it kept γ high at 64 sessions, below γ = 0's throughput."""
+    def waiting(cycle: CycleCosts) -> CycleCosts:
+        return replace(cycle, latency_ms=40.0)
+
+    alone = trained(lambda g: waiting(loaded_cycle(g, 1)), [2, 4, 1, 3] * 4)
+    quick = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
+    assert alone.latency_ms == pytest.approx(40.0, rel=0.05) and alone.choose() > quick.choose() > 0
+    loaded = trained(lambda g: waiting(loaded_cycle(g, 32)), [2, 4, 1, 3] * 4)
+    assert loaded.cycle_ms(0) == pytest.approx(10.0 / 32 + 0.5 + 0.3 + 0.5 + 40.0 / 32, rel=1e-3)
+    assert loaded.choose() == 0 == brute_force_choice(loaded, loaded.max_gamma)
 
 
 def test_a_call_without_a_batching_report_counts_as_alone():

@@ -9,6 +9,7 @@ test plugin is needed. Token comparisons are exact; probabilities get a small to
 import asyncio
 import math
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
+from tandem.cpu import WINDOW_S
 from tandem.math import block as block_math
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
@@ -432,6 +434,15 @@ def test_raw_response_flags_cache_miss(draft_stub, target_stub):
 # --- Release --------------------------------------------------------------------------------
 
 
+def test_answers_carry_the_workers_cpu_per_call_once_measured(target_stub):
+    """Batching.handling_ms: the worker's CPU per call outside its model thread, over a window
+    of its calls (tandem.cpu), what the γ policy charges a call instead of its wall time."""
+    tokens, deadline, handling = prompt(5, seed=90), time.monotonic() + 10 * WINDOW_S, 0.0
+    while handling == 0.0 and time.monotonic() < deadline:
+        handling = verify(target_stub, "cpu", 0, tokens, None).batching.handling_ms
+    assert 0 < handling < 1000
+
+
 def test_release(draft_stub, target_stub):
     propose(draft_stub, "rel", 0, prompt(5, seed=13), 2)
     verify(target_stub, "rel", 0, prompt(5, seed=13), None)
@@ -472,6 +483,9 @@ def test_aio_clients_round_trip(servers, hf_draft, hf_target):
     argmax = hf_logits(hf_target, tokens + proposal.draft_tokens)[len(tokens) - 1 :].argmax(-1).tolist()
     assert verification.recovered_tokens == argmax[:3] and verification.bonus_token == argmax[3]
     assert verification.compute_ms > 0
+    # What the work cost the device: CPU time here, at most the wall time it took.
+    for answer in (proposal, verification):
+        assert 0 < answer.batching.cost_ms <= answer.compute_ms + 1.0
     assert miss is None
     assert released == (True, True)
 

@@ -92,16 +92,20 @@ class VerifyResponse(_message.Message):
     def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Batching(_message.Message):
-    __slots__ = ("passes", "tokens", "sessions", "wait_ms")
+    __slots__ = ("passes", "tokens", "sessions", "wait_ms", "cost_ms", "handling_ms")
     PASSES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    COST_MS_FIELD_NUMBER: _ClassVar[int]
+    HANDLING_MS_FIELD_NUMBER: _ClassVar[int]
     passes: int
     tokens: int
     sessions: int
     wait_ms: float
-    def __init__(self, passes: _Optional[int] = ..., tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., wait_ms: _Optional[float] = ...) -> None: ...
+    cost_ms: float
+    handling_ms: float
+    def __init__(self, passes: _Optional[int] = ..., tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., wait_ms: _Optional[float] = ..., cost_ms: _Optional[float] = ..., handling_ms: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)

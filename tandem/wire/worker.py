@@ -37,12 +37,16 @@ def draft_distribution(token_ids: bytes, probs: bytes) -> sampling_pb2.DraftDist
 class Batching:
     """The forward passes a call's work ran in, shared with other sessions' work: tokens and
     sessions are summed over the passes (a call that ran alone has sessions == passes); wait_ms:
-    the time it waited while the model ran work it had no part in."""
+    the time it waited while the model ran work it had no part in; cost_ms: what its work cost
+    the device (CPU time on a CPU, wall time on an accelerator; 0: not measured); handling_ms:
+    the worker's CPU per call outside its model thread (tandem.v1.Batching)."""
 
     passes: int = 0
     tokens: int = 0
     sessions: int = 0
     wait_ms: float = 0.0
+    cost_ms: float = 0.0
+    handling_ms: float = 0.0
 
 
 @dataclass
@@ -69,11 +73,12 @@ class Verification:
 
 
 def _batching_to_pb(b: Batching) -> worker_pb2.Batching:
-    return worker_pb2.Batching(passes=b.passes, tokens=b.tokens, sessions=b.sessions, wait_ms=b.wait_ms)
+    return worker_pb2.Batching(passes=b.passes, tokens=b.tokens, sessions=b.sessions, wait_ms=b.wait_ms,
+                               cost_ms=b.cost_ms, handling_ms=b.handling_ms)
 
 
 def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
-    return Batching(msg.passes, msg.tokens, msg.sessions, msg.wait_ms)
+    return Batching(msg.passes, msg.tokens, msg.sessions, msg.wait_ms, msg.cost_ms, msg.handling_ms)
 
 
 def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None) -> worker_pb2.ProposeRequest:
