@@ -63,7 +63,8 @@ class Batcher:
             raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         self.runtime = runtime
         self.max_batch_tokens = max_batch_tokens
-        # The model thread's CPU clock: its own, unless torch's intra-op threads share its work.
+        # The model thread's CPU clock: its own, unless torch's intra-op threads share its work (the
+        # process's then, which also counts the event loop's work meanwhile: an overestimate).
         device = getattr(runtime, "device", None)  # None: no model (the n-gram drafter)
         on_cpu = device is None or device.type == "cpu"
         shared = device is not None and on_cpu and torch.get_num_threads() > 1
