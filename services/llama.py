@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tandem.math import tree
+
 # RoPE variants whose frequencies are fixed at load time (dynamic ones change with length).
 STATIC_ROPE = ("default", "linear", "llama3")
 # Queries × keys up to which one session's attention on the CPU takes three small products instead
@@ -65,6 +67,11 @@ class KVBuffer:
     def nbytes(self) -> int:
         return self.data.nelement() * self.data.element_size()
 
+    def keep_path(self, start: int, nodes: list[int]) -> None:
+        """After a tree's pass at start..: keep the keys and values of `nodes` (tree indices, a
+        root-to-node path) at start, start+1, … and drop the other branches' (they are stale)."""
+        self.data[:, :, :, start:start + len(nodes)] = self.data[:, :, :, [start + i for i in nodes]]
+
     def reserve(self, length: int, held: int) -> None:
         """Make room for `length` positions, copying the first `held` when it grows."""
         if length <= self.capacity:
@@ -77,12 +84,30 @@ class KVBuffer:
 @dataclass
 class Feed:
     """One session's part of a forward pass: tokens at positions start.. over the first `start`
-    positions of its cache; logits wanted for the last `keep`."""
+    positions of its cache; logits wanted for the last `keep`. With `parents`, the tokens are a
+    token tree's nodes (tandem.math.tree: node i under parents[i], −1 under the cache's last
+    token): each sees the cache and its own ancestors, at position start + its depth − 1, and its
+    keys and values are written at start + i."""
 
     cache: Any  # the pass's: a KVBuffer, or a DynamicCache for Hugging Face's
     start: int
     tokens: list[int]
     keep: int
+    parents: tuple[int, ...] | None = None
+
+    def positions(self) -> list[int]:
+        """The tokens' absolute positions (rotary embedding)."""
+        if self.parents is None:
+            return list(range(self.start, self.start + len(self.tokens)))
+        return [self.start + d - 1 for d in tree.depths(self.parents)]
+
+    def visible(self) -> torch.Tensor:
+        """[n, start+n] bool: the keys each token may attend to."""
+        n = len(self.tokens)
+        allowed = torch.ones(n, self.start + n, dtype=torch.bool).tril(self.start)
+        if self.parents is not None:
+            allowed[:, self.start:] = tree.ancestor_mask(self.parents)
+        return allowed
 
 
 class LlamaPass:
@@ -141,8 +166,8 @@ class LlamaPass:
         masks = []
         for f, n in zip(feeds, lengths):
             f.cache.reserve(f.start + n, held=f.start)
-            masks.append(self._mask(f.start, n))
-        cos, sin = self._rope([f.start for f in feeds], lengths)  # [T, 1, d] each
+            masks.append(self._mask(f))
+        cos, sin = self._rope(feeds)  # [T, 1, d] each
         tokens = [t for f in feeds for t in f.tokens]
         x = self.embed[torch.tensor(tokens, device=self.device)]  # [T, H]
         for index, layer in enumerate(self.layers):
@@ -161,13 +186,15 @@ class LlamaPass:
         """Whether n queries over `length` keys take the three small products (else the fused kernel)."""
         return self.device.type == "cpu" and n * length <= SMALL_ATTENTION
 
-    def _mask(self, start: int, n: int) -> torch.Tensor | None:
-        """What n queries at start.. may see, in the form their attention path takes: query i sees
-        keys 0..start+i. None for one query (it sees everything); for the small products an
-        additive [group·n, L] bias in their row order, else a boolean [n, L] for the fused kernel."""
+    def _mask(self, feed: Feed) -> torch.Tensor | None:
+        """What the feed's n queries may see (Feed.visible: in a chain, query i sees keys
+        0..start+i), in the form their attention path takes. None for one query (it sees
+        everything); for the small products an additive [group·n, L] bias in their row order, else
+        a boolean [n, L] for the fused kernel."""
+        start, n = feed.start, len(feed.tokens)
         if n == 1:
             return None
-        allowed = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)  # [n, L]
+        allowed = feed.visible().to(self.device)  # [n, L]
         if not self._small(n, start + n):
             return allowed
         bias = torch.zeros(n, start + n, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
@@ -221,20 +248,20 @@ class LlamaPass:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _rope(self, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, d] at every feed's positions (start..start+n), from tables grown by
-        doubling as positions advance."""
-        end = max(s + n for s, n in zip(starts, lengths))
+    def _rope(self, feeds: list[Feed]) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, d] at every feed's positions (start..start+n in a chain), from tables
+        grown by doubling as positions advance."""
+        end = max(f.start + len(f.tokens) for f in feeds)
         if end > self._cos.shape[0]:
             positions = torch.arange(max(64, 1 << (end - 1).bit_length()), device=self.device).float()
             freqs = torch.outer(positions, self.inv_freq.to(self.device))  # [P, d/2]
             emb = torch.cat((freqs, freqs), -1)
             self._cos = (emb.cos() * self.rope_scale).to(self.dtype)
             self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
-        if len(starts) == 1:
-            return self._cos[starts[0]:end, None], self._sin[starts[0]:end, None]
+        if len(feeds) == 1 and feeds[0].parents is None:
+            return self._cos[feeds[0].start:end, None], self._sin[feeds[0].start:end, None]
         # From a list: one small tensor, where an arange per feed cost ~0.1 ms each.
-        at = torch.tensor([p for s, n in zip(starts, lengths) for p in range(s, s + n)], device=self.device)  # [T]
+        at = torch.tensor([p for f in feeds for p in f.positions()], device=self.device)  # [T]
         return self._cos[at, None], self._sin[at, None]
 
 

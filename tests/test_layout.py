@@ -1,6 +1,6 @@
 """Imports point one way, read from the source of every installed module:
 
-    tandem.math (pure; only its `sampling` uses torch)
+    tandem.math (pure; only its `sampling`, `block` and `tree` use torch)
       ↑
     tandem.wire (the codec and validation every side shares) ← the SDK (tandem, client, errors)
       ↑
@@ -92,7 +92,7 @@ def test_the_math_is_the_bottom_layer_and_only_the_workers_half_uses_torch():
     for module, found in _imports_of("tandem.math").items():
         for name in found:
             top = name.split(".")[0]
-            if module in ("tandem.math.sampling", "tandem.math.block") and top == "torch":
+            if module in ("tandem.math.sampling", "tandem.math.block", "tandem.math.tree") and top == "torch":
                 continue
             assert top in sys.stdlib_module_names or _in(name, "tandem.math"), f"{module} imports {name}"
 
@@ -102,8 +102,8 @@ def test_workers_and_orchestrator_meet_only_on_the_wire():
     for module, found in _imports_of("tandem.services").items():
         assert not {n for n in found if _in(n, "tandem.orchestrator", *top)}, f"{module} reaches past the wire"
     for module, found in _imports_of("tandem.orchestrator").items():
-        reached = {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "tandem.math.block", "torch",
-                                           *top)}
+        reached = {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "tandem.math.block",
+                                           "tandem.math.tree", "torch", *top)}
         assert not reached, f"{module} reaches past the wire"
 
 

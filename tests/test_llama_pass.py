@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tandem.services.llama import KVBuffer, LlamaPass, unsupported
+from tandem.math.tree import Tree
+from tandem.services.llama import Feed, KVBuffer, LlamaPass, unsupported
 from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime
 
 from randompair import llama_config, save_random_model
@@ -141,3 +142,32 @@ def test_buffer_growth_keeps_the_prefix():
     assert buf.capacity == 8 and torch.equal(buf.data[:, :, :, :3], data[:, :, :, :3])
     buf.reserve(20, held=8)
     assert buf.capacity == 20
+
+
+@pytest.mark.parametrize("attention", ["small products", "fused kernel"])
+def test_a_token_tree_in_one_pass_scores_every_path_as_its_own_chain(tmp_path, monkeypatch, attention):
+    """Each node's logits under the tree mask and depth positions equal Hugging Face's on the
+    chain of its path; keeping one path's keys and values then continues like that chain, and a
+    second session in the same pass (a chain) is untouched."""
+    if attention == "fused kernel":
+        monkeypatch.setattr("tandem.services.llama.SMALL_ATTENTION", 0)
+    path, hf = _load(tmp_path, "m")
+    runtime = ModelRuntime(path)
+    llama = runtime.forward_pass
+    seq, other = prompt(9, seed=1), prompt(6, seed=2)
+    parents = (-1, -1, 0, 0, 1, 2)  # two children of the root, two under the first, a grandchild
+    nodes = prompt(6, seed=3)
+    caches = [llama.new_cache(16), llama.new_cache(16)]
+    with torch.inference_mode():
+        llama.forward_batch([Feed(caches[0], 0, seq, 1), Feed(caches[1], 0, other, 1)])
+        tree_logits, chain_logits = llama.forward_batch([Feed(caches[0], len(seq), nodes, len(nodes), parents),
+                                                         Feed(caches[1], len(other), nodes[:3], 3)])
+    for i in range(len(nodes)):
+        chain = [nodes[j] for j in Tree(tuple(nodes), parents).path(i)]
+        torch.testing.assert_close(tree_logits[i], hf_logits(hf, seq + chain)[-1], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(chain_logits, hf_logits(hf, other + nodes[:3])[-3:], atol=2e-5, rtol=1e-4)
+    caches[0].keep_path(len(seq), [0, 2, 5])
+    accepted = seq + [nodes[0], nodes[2], nodes[5]]
+    with torch.inference_mode():
+        after = llama.forward(caches[0], len(accepted), [7], 1)
+    torch.testing.assert_close(after[0], hf_logits(hf, accepted + [7])[-1], atol=2e-5, rtol=1e-4)

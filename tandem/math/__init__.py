@@ -5,8 +5,9 @@
 - `acceptance`: the orchestrator's half of a cycle, the accept test and the cycle's output;
 - `analytic`: the expected tokens per target pass and the speedup they buy;
 - `sampling`: the workers' half, on tensors: warping, drawing, verifying a block (torch);
-- `block`: the verifier's half of block verification, accepting a block's prefix jointly (torch).
+- `block`: the verifier's half of block verification, accepting a block's prefix jointly (torch);
+- `tree`: token trees, their masks and the walks that accept a path, greedy and sampled (torch).
 
-Everything here but `sampling` and `block` is plain Python, so the SDK and the orchestrator never load
+Everything here but `sampling`, `block` and `tree` is plain Python, so the SDK and the orchestrator never load
 torch. Nothing here imports the rest of tandem.
 """
