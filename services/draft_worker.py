@@ -17,15 +17,17 @@ from tandem.wire.validation import check_context, invalid
 
 def propose(
     session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
+    step: type[Step] = Step,
 ) -> Job:
     """The job (tandem.services.batching) that drafts gamma tokens after the committed
-    sequence, one step per drafted token → a Proposal. Raises CacheMiss.
+    sequence, one step per drafted token → a Proposal. Raises CacheMiss. step: the kind of Step
+    it yields (the hybrid drafter marks those its model runs).
 
     The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
     drafted token is never fed: the verifier may reject it).
     """
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = (yield Step(session_id, cache_len, tokens, keep=1))[0]  # [V]
+    logits = (yield step(session_id, cache_len, tokens, keep=1))[0]  # [V]
     drafted, token_probs, dists = [], [], []
     for i in range(gamma):
         if params.greedy:  # warp's one-hot and its draw, without vocabulary-sized work
@@ -38,7 +40,7 @@ def propose(
         drafted.append(token)
         token_probs.append(prob)
         if i + 1 < gamma:
-            logits = (yield Step(session_id, position + i, [token], keep=1))[0]
+            logits = (yield step(session_id, position + i, [token], keep=1))[0]
     # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.
     packed = [] if params.greedy else distributions.pack(torch.stack(dists))
     return wire.Proposal(drafted, token_probs, packed, 0.0)

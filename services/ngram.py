@@ -42,6 +42,10 @@ class Lookup:
         if self.window < 0:
             raise ValueError(f"window must be >= 0, got {self.window}")
 
+    @property
+    def name(self) -> str:
+        return f"ngram(n={self.min_n}-{self.max_n}, window={self.window})"
+
     def propose(self, context: list[int], gamma: int) -> list[int]:
         """Up to γ tokens that followed the latest earlier occurrence of the longest matching
         suffix of context; [] when no suffix of min_n tokens or more occurred before."""
@@ -63,7 +67,7 @@ class NgramRuntime:
     def __init__(self, lookup: Lookup, max_tokens: int = 64 << 20) -> None:
         self.lookup = lookup
         self.max_tokens = max_tokens  # tokens held over all sessions (8 bytes each in a list)
-        self.info = wire.ModelInfo(model=f"ngram(n={lookup.min_n}-{lookup.max_n}, window={lookup.window})",
+        self.info = wire.ModelInfo(model=lookup.name,
                                    vocab_size=VOCAB_SIZE, max_context=MAX_CONTEXT, eos_token_ids=(),
                                    device="cpu", dtype="none", num_parameters=0)
         self._sessions: OrderedDict[str, list[int]] = OrderedDict()
@@ -116,6 +120,12 @@ def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, para
     drafted = lookup.propose(context, gamma)
     if len(drafted) > 1:
         yield Step(session_id, len(context), drafted[:-1])
+    return one_hot(drafted, params)
+
+
+def one_hot(drafted: list[int], params: SamplingParams) -> wire.Proposal:
+    """A proposal of drafted tokens each drawn with probability 1; sampled requests get each as
+    a one-entry sparse distribution."""
     dists = [] if params.greedy else [
         wire.draft_distribution(np.array([t], dtype="<i4").tobytes(), ONE_HOT) for t in drafted]
     return wire.Proposal(drafted, [1.0] * len(drafted), dists, 0.0)

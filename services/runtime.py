@@ -138,6 +138,12 @@ class ModelRuntime:
         with self._lock:
             return len(self._sessions)
 
+    def held(self, session_id: str) -> int:
+        """Tokens of the session the cache holds (0: none)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return session.length if session else 0
+
     def extend(self, session_id: str, cache_len: int, tokens: list[int], keep: int = 0) -> torch.Tensor:
         """Crop the session's cache to cache_len, run tokens through it → logits [n, V] for the
         last n = keep tokens (all of them when keep is 0).

@@ -290,7 +290,8 @@ def run_worker(
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0, lookup=None,
 ) -> None:
     """Serve a draft ("draft"), n-gram draft ("ngram": no model, `lookup` a
-    tandem.services.ngram.Lookup) or target ("target") worker until SIGINT or SIGTERM, with
+    tandem.services.ngram.Lookup), hybrid draft ("hybrid": `lookup`, and the model where it
+    finds nothing) or target ("target") worker until SIGINT or SIGTERM, with
     Prometheus metrics on metrics_port (0: none); with parent_pid, also until the process of
     that pid is no longer this one's parent. With `tls`, mutual TLS only (tandem.tls).
     max_batch_tokens: the tokens one forward pass takes from all sessions' waiting work.
@@ -300,19 +301,22 @@ def run_worker(
     memory.one_arena()  # before gRPC and torch start their threads
     import torch
 
-    from tandem.services import draft_worker, ngram, target_verifier
+    from tandem.services import draft_worker, hybrid, ngram, target_verifier
 
     if threads:
         torch.set_num_threads(threads)
     adders = {"draft": draft_worker.add_to_server, "ngram": ngram.add_to_server,
-              "target": target_verifier.add_to_server}
+              "hybrid": hybrid.add_to_server, "target": target_verifier.add_to_server}
     add = functools.partial(adders[kind], max_batch_tokens=max_batch_tokens)
     tracing.setup({"draft": "tandem-draft-worker", "ngram": "tandem-ngram-draft-worker",
-                   "target": "tandem-target-verifier"}[kind])
+                   "hybrid": "tandem-hybrid-draft-worker", "target": "tandem-target-verifier"}[kind])
+    lookup = lookup or ngram.Lookup()
     if kind == "ngram":
-        runtime = ngram.NgramRuntime(lookup or ngram.Lookup(), max_tokens=max_cache_bytes // 8)
+        runtime = ngram.NgramRuntime(lookup, max_tokens=max_cache_bytes // 8)
     else:
         runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
+        if kind == "hybrid":
+            runtime = hybrid.HybridRuntime(lookup, runtime, max_tokens=max_cache_bytes // 8)
     if metrics_port:
         try:
             metrics.serve(metrics_port, runtime, host)
@@ -321,7 +325,7 @@ def run_worker(
     info = runtime.info
     # An n-gram draft's distributions are one token each: a draft worker's limits for a vocabulary of one.
     limits = message_limits("draft", 1, info.max_context) if kind == "ngram" else \
-        message_limits(kind, info.vocab_size, info.max_context)
+        message_limits("draft" if kind == "hybrid" else kind, info.vocab_size, info.max_context)
 
     async def main():
         status = health.aio.HealthServicer()

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,14 +73,15 @@ def cmd_worker(args) -> None:
 
     tls = _tls_files(args, "worker")  # before the model loads: a bad path fails in a moment
     lookup = None
-    if args.kind == "ngram":
+    if args.kind in ("ngram", "hybrid"):
         from tandem.services.ngram import Lookup
 
+        min_n = args.min_n or (HYBRID_MIN_N if args.kind == "hybrid" else 1)
         try:
-            lookup = Lookup(args.min_n, args.max_n, args.window)
+            lookup = Lookup(min_n, args.max_n, args.window)
         except ValueError as e:
-            raise SystemExit(f"tandem worker ngram: {e}") from None
-    elif not args.model:
+            raise SystemExit(f"tandem worker {args.kind}: {e}") from None
+    if args.kind != "ngram" and not args.model:
         raise SystemExit(f"tandem worker {args.kind}: --model is required (a Hugging Face model directory)")
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
@@ -129,6 +131,10 @@ def cmd_certs(args) -> None:
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
+DRAFTERS = ("hybrid", "model", "ngram")  # tandem.local.LocalCluster's drafter
+# The hybrid's shortest suffix: a one-token match is found almost everywhere and leaves the model
+# little to draft; 2 and 3 measured the same within noise (benchmarks/README.md: drafters).
+HYBRID_MIN_N = 2
 VERIFICATIONS = ("token", "block")  # tandem.wire.generation.VERIFICATION_MODES, without importing the wire here
 VERIFICATION_HELP = ("how drafted blocks are accepted unless a request says: the block's prefix jointly (block "
                      "verification, Sun et al. 2025; the default) or token by token; the same for greedy requests")
@@ -364,8 +370,7 @@ def _ints(text: str) -> list[int]:
 
 
 def cmd_bench(args) -> None:
-    from tandem.bench.harness import BenchConfig, add_unbatched, run_bench
-    from tandem.local import LocalCluster
+    from tandem.bench.harness import BenchConfig, run_bench
     from tandem.suitability import load_prompts
 
     draft, target = default_pair(args.draft_model, args.target_model)
@@ -385,31 +390,56 @@ def cmd_bench(args) -> None:
         raise SystemExit(f"tandem bench: {e}") from None
     if args.tracing_overhead:
         return _bench_tracing(args, draft, target, prompts)
+    drafters = args.drafter.split(",")
+    if not drafters or not set(drafters) <= set(DRAFTERS) or (args.address and len(drafters) > 1):
+        raise SystemExit(f"tandem bench: --drafter is one or more of {','.join(DRAFTERS)} (one with --address)")
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
                          concurrency_sessions=args.concurrency_sessions,
                          concurrency_repeats=args.concurrency_repeats, threads=args.threads, seed=args.seed,
                          draft_ahead=None if args.address else not args.no_draft_ahead,
-                         interleaved=not args.concurrency_only, verifications=verifications)
+                         interleaved=not args.concurrency_only, verifications=verifications, drafter=drafters[0])
     if args.address:
         results = run_bench(config, args.address, args.out)
+        print((Path(args.out) / "bench.md").read_text())
     else:
-        from tandem.orchestrator.redis_server import free_port
+        passes = {drafter: _bench_local(args, replace(config, drafter=drafter), Path(args.out) / drafter
+                                        if len(drafters) > 1 else Path(args.out)) for drafter in drafters}
+        results = {"duration_s": sum(r["duration_s"] for r in passes.values())}
+        if len(drafters) > 1:
+            from tandem.bench.report import drafters_markdown, drafters_plot
 
-        def local(*worker_args: str) -> LocalCluster:
-            return LocalCluster(draft, target, args.grpc_port or free_port(), threads=args.threads,
-                                max_gamma=max(8, *gammas), echo=False, draft_ahead=not args.no_draft_ahead,
-                                options={"max_sessions": max([64, *concurrency])}, worker_args=worker_args)
-
-        with local() as cluster:
-            pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
-            results = run_bench(config, cluster.address, args.out, pids)
-        if concurrency and not args.no_unbatched:
-            with local("--max-batch-tokens", "1") as cluster:
-                results = add_unbatched(config, cluster.address, args.out)
-    print((Path(args.out) / "bench.md").read_text())
-    print(f"results in {args.out}/: bench.json, bench.md, runs.jsonl, *.png "
+            (Path(args.out) / "drafters.md").write_text(drafters_markdown(passes))
+            drafters_plot(passes, Path(args.out) / "drafters.png")
+            print((Path(args.out) / "drafters.md").read_text())
+        else:
+            print((Path(args.out) / "bench.md").read_text())
+    print(f"results in {args.out}/: bench.json, bench.md, runs.jsonl, *.png"
+          f"{' per drafter, drafters.md and drafters.png' if len(drafters) > 1 else ''} "
           f"({results['duration_s'] / 60:.1f} min)", file=sys.stderr)
+
+
+def _bench_local(args, config, out: Path) -> dict:
+    """One pass of `tandem bench` against a local cluster drafting with config.drafter (and the
+    unbatched concurrency sweep after it, unless left out) → its results."""
+    from tandem.bench.harness import add_unbatched, run_bench
+    from tandem.local import LocalCluster
+    from tandem.orchestrator.redis_server import free_port
+
+    def local(*worker_args: str) -> LocalCluster:
+        return LocalCluster(config.draft_model, config.target_model, args.grpc_port or free_port(),
+                            threads=args.threads, max_gamma=max(8, *config.gammas), echo=False,
+                            draft_ahead=not args.no_draft_ahead,
+                            options={"max_sessions": max([64, *config.concurrency])}, worker_args=worker_args,
+                            drafter=config.drafter)
+
+    with local() as cluster:
+        pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
+        results = run_bench(config, cluster.address, out, pids)
+    if config.concurrency and not args.no_unbatched:
+        with local("--max-batch-tokens", "1") as cluster:
+            results = add_unbatched(config, cluster.address, out)
+    return results
 
 
 def _bench_tracing(args, draft: str, target: str, prompts: list[str]) -> None:
@@ -453,9 +483,10 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
-    up.add_argument("--drafter", choices=("model", "ngram"), default="model",
-                    help="draft workers: the draft model, or n-gram lookup in the context (no model: "
-                         "`tandem worker ngram`)")
+    up.add_argument("--drafter", choices=DRAFTERS, default="hybrid",
+                    help="draft workers: hybrid, n-gram lookup in the context where it matches and the draft model "
+                         "elsewhere (the default: the fastest measured); the draft model alone; or the lookup alone "
+                         "(no model: `tandem worker ngram`)")
     up.add_argument("--draft-workers", type=_positive, default=1, help="draft workers to run (restarted if they die)")
     up.add_argument("--target-workers", type=_positive, default=1,
                     help="target verifiers to run (restarted if they die)")
@@ -488,14 +519,17 @@ def parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     worker = sub.add_parser("worker", help="run one draft worker, n-gram draft worker or target verifier (gRPC)")
-    worker.add_argument("kind", choices=["draft", "target", "ngram"],
+    worker.add_argument("kind", choices=["draft", "target", "ngram", "hybrid"],
                         help="ngram: a draft worker without a model, proposing what followed the context's "
-                             "latest earlier match (prompt lookup)")
-    worker.add_argument("--model", help="Hugging Face model directory (draft and target)")
-    worker.add_argument("--min-n", type=_positive, default=1, help="ngram: the shortest suffix matched")
-    worker.add_argument("--max-n", type=_positive, default=4, help="ngram: the longest suffix matched (tried first)")
+                             "latest earlier match (prompt lookup); hybrid: that where it matches, the draft "
+                             "model --model elsewhere")
+    worker.add_argument("--model", help="Hugging Face model directory (draft, hybrid and target)")
+    worker.add_argument("--min-n", type=_positive, default=None,
+                        help=f"ngram, hybrid: the shortest suffix matched (default: 1; hybrid {HYBRID_MIN_N})")
+    worker.add_argument("--max-n", type=_positive, default=4,
+                        help="ngram, hybrid: the longest suffix matched (tried first)")
     worker.add_argument("--window", type=int, default=1024,
-                        help="ngram: the latest tokens of the context searched (0: all)")
+                        help="ngram, hybrid: the latest tokens of the context searched (0: all)")
     worker.add_argument("--host", default="127.0.0.1",
                         help="address to bind gRPC and metrics (default: loopback only; "
                              "pass 0.0.0.0 explicitly to serve other machines)")
@@ -577,6 +611,10 @@ def parser() -> argparse.ArgumentParser:
                        help="runs of every mode per level, interleaved; rows pool them and list each run")
     bench.add_argument("--threads", type=int, default=1, help="torch threads per worker and for the HF baselines")
     bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")
+    bench.add_argument("--drafter", default="hybrid",
+                       help="the local cluster's draft workers: hybrid, model, ngram, or several ('model,hybrid'): "
+                            "one pass each, results in --out/<drafter>/ and a table over them in drafters.md; with "
+                            "--address, the label of that cluster's")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
     bench.add_argument("--seed", type=int, default=0)

@@ -144,15 +144,16 @@ class LocalCluster:
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
                  draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
                  options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False,
-                 worker_args: Sequence[str] = (), drafter: str = "model") -> None:
+                 worker_args: Sequence[str] = (), drafter: str = "hybrid") -> None:
         """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...). tls_dir: mutual
         TLS between the orchestrator and the workers, with the CA and certificates kept there
         (made by tandem.certs when absent, or when they do not name `host`). metrics_fallback: a
         worker whose metrics port is taken gets a free one (metrics_ports says which) instead of
-        failing start(). worker_args: more `tandem worker` flags for every worker. drafter: "model"
-        (draft workers on draft_model) or "ngram" (`tandem worker ngram`, no model)."""
-        if drafter not in ("model", "ngram"):
-            raise ValueError(f"drafter must be 'model' or 'ngram', got {drafter!r}")
+        failing start(). worker_args: more `tandem worker` flags for every worker. drafter: "hybrid"
+        (`tandem worker hybrid` on draft_model), "model" (`tandem worker draft` on draft_model) or
+        "ngram" (`tandem worker ngram`, no model)."""
+        if drafter not in ("model", "ngram", "hybrid"):
+            raise ValueError(f"drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
         self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.host = grpc_port, host
@@ -248,8 +249,8 @@ class LocalCluster:
         """How to start (and restart) worker `name` on `port`."""
         kind = name.split("-")[0]
         model = self.models[kind]
-        if kind == "draft" and self.drafter == "ngram":
-            kind, model = "ngram", ""
+        if kind == "draft" and self.drafter != "model":
+            kind, model = self.drafter, "" if self.drafter == "ngram" else model
 
         def start() -> subprocess.Popen:
             proc, self.addresses[name] = spawn_worker(kind, model, self.host, self.threads, self.device,

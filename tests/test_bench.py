@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tandem.bench import summary
+from tandem.bench import report, summary
 from tandem.bench.harness import BenchConfig, add_unbatched, run_bench
 from tandem.bench.runs import Run
 from tandem.math.analytic import expected_tokens
@@ -82,22 +82,28 @@ def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
             "cycle_timeline.png", "throughput_vs_concurrency.png"} <= names
     assert json.loads((tmp_path / "bench.json").read_text())["config"]["gammas"] == [0, 2]
     runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert len(runs) == 2 * 2 * 7  # prompts × workloads × modes
+    assert len(runs) == 2 * 2 * 8  # prompts × workloads × modes
     for workload in ("greedy", "sampled"):
         rows = results["workloads"][workload]
-        assert set(rows) == {"hf_target", "hf_assisted", "gamma_0", "gamma_2", "adaptive", "gamma_2_block",
-                             "adaptive_block"}  # no γ = 0 under block verification: it has no block
+        assert set(rows) == {"hf_target", "hf_assisted", "hf_lookup", "gamma_0", "gamma_2", "adaptive",
+                             "gamma_2_block", "adaptive_block"}  # no γ = 0 under block verification: it has no block
         assert rows["gamma_0"]["speedup_vs_gamma_0"]["median"] == 1.0
         g2 = rows["gamma_2"]
         assert 0 <= g2["draft_efficiency"] <= g2["acceptance_rate"] <= 1
         assert all(p is None or 0 <= p <= 1 for p in g2["acceptance_by_position"])
         assert g2["cycle"]["wire_bytes_per_cycle"] > 0 and g2["analytic_speedup"] > 0
-    # Greedy output is the target's own, in every mode: HF assisted and the cluster's.
+    # Greedy output is the target's own, in every mode: HF assisted, HF prompt lookup and the cluster's.
     assert all(v["identical"] == v["runs"] == 2 for v in results["greedy_identical_to_target"].values())
     assert [c["in_flight"] for c in results["concurrency"]["adaptive"]] == [1, 2]
     # Each level ran each mode twice, side by side: a row pools both and lists each run.
     assert all(len(c["repeats_tokens_per_s"]) == 2 and c["sessions"] == 2 for c in results["concurrency"]["adaptive"])
     assert "| batched | 2 |" in (tmp_path / "bench.md").read_text()  # adaptive ÷ γ = 0, per level
+    # `--drafter model,hybrid`: one table over both passes, each against its own HF runs.
+    combined = report.drafters_markdown({"model": results, "hybrid": results})
+    assert "| hybrid | tandem adaptive γ, block verification |" in combined
+    assert "| model | HF prompt lookup |" in combined
+    report.drafters_plot({"model": results, "hybrid": results}, tmp_path / "drafters.png")
+    assert (tmp_path / "drafters.png").stat().st_size > 0
     hf_batches = results["concurrency"]["hf_target"]  # HF's target alone, batches of 1 and 2
     assert [c["sessions"] for c in hf_batches] == [2, 2] and all(c["aggregate_tokens_per_s"] > 0 for c in hf_batches)
     assert all(c["itl_ms"]["p50"] is not None for c in hf_batches)

@@ -622,18 +622,20 @@ def test_container_commands_are_the_tandem_cli(r):
                 args = parser().parse_args(c["args"])
                 seen.add(args.command)
             if args.command == "worker":
-                pool = {"draft": "drafter", "ngram": "drafter", "target": "verifier"}[args.kind]
+                pool = {"draft": "drafter", "ngram": "drafter", "hybrid": "drafter", "target": "verifier"}[args.kind]
                 v = r.values[pool]
                 assert meta["labels"]["app.kubernetes.io/component"] == pool
                 assert args.host == "0.0.0.0" and args.port == port_named(c, "grpc") == v["port"]
                 assert args.metrics_port == (port_named(c, "metrics") if r.values["metrics"]["enabled"] else 0)
                 assert args.health_port == (port_named(c, "health") if r.values["tls"]["enabled"] else 0)
                 assert (args.device, args.dtype, args.max_cache_mb) == (v["device"], v["dtype"], v["maxCacheMb"])
-                if args.kind == "ngram":  # no model: no model volume either
-                    assert v["kind"] == "ngram" and args.model is None and mounts == {"/tmp"} | (
-                        {"/etc/tandem/tls"} if r.values["tls"]["enabled"] else set())
+                if args.kind in ("ngram", "hybrid"):
+                    assert v["kind"] == args.kind
                     assert (args.min_n, args.max_n, args.window) == tuple(
-                        ({"minN": 1, "maxN": 4, "window": 1024} | v.get("ngram", {})).values())
+                        ({"minN": None, "maxN": 4, "window": 1024} | v.get("ngram", {})).values())
+                if args.kind == "ngram":  # no model: no model volume either
+                    assert args.model is None and mounts == {"/tmp"} | (
+                        {"/etc/tandem/tls"} if r.values["tls"]["enabled"] else set())
                 else:
                     assert args.model in mounts or args.model in dockerfile_paths(), f"{where}: {args.model}"
             elif args.command == "orchestrator":
@@ -1015,7 +1017,8 @@ BAD_VALUES = [
     (["--set", "tracing.sampler=sometimes"], "tracing.sampler: tracing.sampler must be one of the following"),
     (["--set", "orchestrator.grpcPort=70000"], "orchestrator.grpcPort: Must be less than or equal to 65535"),
     (["--set", "orchestrator.maxGamma=65"], "orchestrator.maxGamma: Must be less than or equal to 64"),
-    (["--set", "drafter.kind=tree"], 'drafter.kind: drafter.kind must be one of the following: "model", "ngram"'),
+    (["--set", "drafter.kind=tree"],
+     'drafter.kind: drafter.kind must be one of the following: "model", "ngram", "hybrid"'),
     (["--set", "orchestrator.verification=joint"], 'orchestrator.verification: orchestrator.verification must be one of the following: "token", "block"'),
     (["--set", "drafter.device=tpu"], "drafter.device: Does not match pattern"),
     (["--set", "image.repository="], "image.repository: String length must be greater than or equal to 1"),
@@ -1028,6 +1031,7 @@ BAD_VALUES = [
     (["--set", "tls.enabled=true"], "tls.enabled: give tls.workerSecret and tls.orchestratorSecret"),
     (["--set", "drafter.autoscaling.enabled=true"], "drafter.autoscaling: give targetCPUUtilizationPercentage or metrics"),
     (["--set", "verifier.kind=ngram"], "verifier.kind is ngram: only the drafter pool can draft by n-gram lookup"),
+    (["--set", "verifier.kind=hybrid"], "verifier.kind is hybrid: only the drafter pool can draft by n-gram lookup"),
     (["--set", "drafter.metricsPort=50051"], "drafter.port and drafter.metricsPort are both 50051"),
     (["--set", "orchestrator.metricsPort=8080"], "orchestrator.metricsPort 8080 is a port Ray uses under KubeRay"),
 ]

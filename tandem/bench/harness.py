@@ -35,6 +35,7 @@ class BenchConfig:
     draft_ahead: bool | None = True  # the local cluster's setting (reported); None: a cluster at --address
     interleaved: bool = True  # False: the concurrency sweep only
     verifications: list[str] = field(default_factory=lambda: ["token"])  # "token" and/or "block"
+    drafter: str = "hybrid"  # the cluster's draft workers (reported): hybrid, model or ngram
 
     @property
     def cluster_modes(self) -> list[str]:

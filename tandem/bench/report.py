@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tandem.bench.runs import BLOCK, Run, mode_gamma, mode_verification
 
-LABELS = {"hf_target": "HF target alone", "hf_assisted": "HF assisted"}
+LABELS = {"hf_target": "HF target alone", "hf_assisted": "HF assisted", "hf_lookup": "HF prompt lookup"}
 _DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is set"}
 
 
@@ -45,14 +45,16 @@ def _spread(s: dict, digits: int = 2, suffix: str = "") -> str:
 
 
 def _speed_table(rows: dict) -> list[str]:
-    lines = ["| mode | tokens/s | × HF target | × HF assisted | × tandem γ=0 (realized) | analytic | realized / analytic "
-             "| α | mean acceptance length | draft efficiency | TTFT p50 ms | ITL p50 / p90 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | tokens/s | × HF target | × HF assisted | × HF prompt lookup | × tandem γ=0 (realized) "
+             "| analytic | realized / analytic | α | mean acceptance length | draft efficiency | TTFT p50 ms "
+             "| ITL p50 / p90 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, r in rows.items():
         itl = r["itl_ms"]
         lines.append(
             f"| {label(mode)} | {_spread(r['tokens_per_s'], 1)} | {_spread(r['speedup_vs_hf_target'])} "
-            f"| {_spread(r['speedup_vs_hf_assisted'])} | {_spread(r.get('speedup_vs_gamma_0', {}))} "
+            f"| {_spread(r['speedup_vs_hf_assisted'])} | {_spread(r.get('speedup_vs_hf_lookup', {}))} "
+            f"| {_spread(r.get('speedup_vs_gamma_0', {}))} "
             f"| {_x(r.get('analytic_speedup'))} | {_x(r.get('realized_over_analytic'))} "
             f"| {_x(r.get('acceptance_rate'))} | {_x(r.get('mean_acceptance_length'))} "
             f"| {_x(r.get('draft_efficiency'))} | {_x(r['ttft_ms']['p50'], 1)} "
@@ -85,7 +87,8 @@ def markdown(results: dict) -> str:
         "",
         f"{results['started']}, {results['duration_s'] / 60:.1f} min on {m['cpu']} ({m['cores']} cores"
         f"{', ' + m['gpu'] if m['gpu'] else ', no GPU'}), Python {m['python']}, torch {m['torch']}. "
-        f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, draft `{_short(cfg['draft_model'])}`, "
+        f"{cfg['prompts']} prompts × {cfg['max_tokens']} max tokens, drafter {cfg.get('drafter', 'model')}, "
+        f"draft `{_short(cfg['draft_model'])}`, "
         f"target `{_short(cfg['target_model'])}`, {cfg['threads']} torch thread(s) per model, "
         f"drafting ahead {_DRAFT_AHEAD[cfg.get('draft_ahead', True)]}.",
         "",
@@ -129,6 +132,64 @@ def markdown(results: dict) -> str:
     lines += ["", "## Peak memory (VmHWM)", "", "| process | MiB |", "|---|---|"]
     lines += [f"| {k} | {_x(v, 0)} |" for k, v in results["peak_memory_mb"].items()]
     return "\n".join(lines) + "\n"
+
+
+def drafters_markdown(passes: dict[str, dict]) -> str:
+    """One table per workload over the passes of `tandem bench --drafter a,b`: each drafter's
+    cluster modes and the HF modes of its own pass, against that pass's HF runs."""
+    lines = ["# tandem bench: drafters", "",
+             "Each drafter ran in its own pass with the HF baselines re-run beside it; speedups are per prompt "
+             "against the same pass's run, median (interquartile range).",
+             *[f"- {drafter}: {r['started']}, {r['duration_s'] / 60:.1f} min" for drafter, r in passes.items()]]
+    workloads = dict.fromkeys(w for r in passes.values() for w in r["workloads"])
+    for workload in workloads:
+        lines += ["", f"## {workload} ({'T=0' if workload == 'greedy' else 'T=1'})", "",
+                  "| drafter | mode | tokens/s | × HF target | × HF assisted | × HF prompt lookup "
+                  "| mean acceptance length | α | mean γ |", "|---|---|---|---|---|---|---|---|---|"]
+        for drafter, results in passes.items():
+            for mode, r in results["workloads"].get(workload, {}).items():
+                if mode == "hf_target":
+                    continue
+                lines.append(f"| {drafter} | {label(mode)} | {_spread(r['tokens_per_s'], 1)} "
+                             f"| {_spread(r['speedup_vs_hf_target'])} | {_spread(r['speedup_vs_hf_assisted'])} "
+                             f"| {_spread(r.get('speedup_vs_hf_lookup', {}))} "
+                             f"| {_x(r.get('mean_acceptance_length'))} | {_x(r.get('acceptance_rate'))} "
+                             f"| {_x(r.get('mean_gamma'))} |")
+    identical = [f"{drafter} {label(k)} {v['identical']}/{v['runs']}" for drafter, r in passes.items()
+                 for k, v in r["greedy_identical_to_target"].items()]
+    if identical:
+        lines += ["", "Greedy runs token-identical to HF's target alone: " + ", ".join(identical) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def drafters_plot(passes: dict[str, dict], path: Path) -> None:
+    """Bars of × HF target alone (median, IQR) per drafter and mode, one panel per workload;
+    the HF peers' bars from the first pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(w for r in passes.values() for w in r["workloads"]))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
+    first = next(iter(passes))
+    for ax, workload in zip(axes[0], workloads):
+        bars = [(label(m), r["speedup_vs_hf_target"]) for m, r in passes[first]["workloads"][workload].items()
+                if m in ("hf_assisted", "hf_lookup")]
+        bars += [(f"{drafter}: {label(m).removeprefix('tandem ').removesuffix(', block verification')}",
+                  r["speedup_vs_hf_target"]) for drafter, results in passes.items()
+                 for m, r in results["workloads"][workload].items() if not m.startswith("hf_")]
+        medians = [s["median"] for _, s in bars]
+        err = [[m - s["p25"] for m, (_, s) in zip(medians, bars)], [s["p75"] - m for m, (_, s) in zip(medians, bars)]]
+        ax.bar(range(len(bars)), medians, yerr=err, capsize=3,
+               color=["C3" if name.startswith("HF") else f"C{list(passes).index(name.split(':')[0])}"
+                      for name, _ in bars])
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks(range(len(bars)), [name for name, _ in bars], rotation=35, ha="right", fontsize=8)
+        ax.set(title=workload, ylabel="speedup over HF target alone (median, IQR)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _adaptive_vs_target(concurrency: dict) -> list[str]:

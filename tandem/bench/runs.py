@@ -10,7 +10,10 @@ import torch
 
 from tandem.client import AsyncClient, Client
 
-HF_MODES = ("hf_target", "hf_assisted")
+HF_MODES = ("hf_target", "hf_assisted", "hf_lookup")
+# Hugging Face's prompt lookup (the n-gram peer): drafts of up to this many tokens, its
+# documented example's, matching suffixes of up to 2 tokens (its default).
+HF_LOOKUP_TOKENS = 10
 
 
 BLOCK = "_block"  # a cluster mode's suffix: its requests ask for block verification
@@ -35,7 +38,7 @@ def mode_verification(mode: str) -> str:
 class Run:
     """One timed generation."""
 
-    mode: str  # "hf_target", "hf_assisted", "gamma_<n>" or "adaptive", the last two with "_block" or not
+    mode: str  # one of HF_MODES, or "gamma_<n>" or "adaptive", with "_block" or not
     workload: str  # "greedy" or "sampled"
     prompt: int  # index into the prompt list
     token_ids: list[int]
@@ -115,7 +118,8 @@ class _Streamer(_Timeline):
 
 
 class HFRunner:
-    """Hugging Face `generate`, target alone or assisted by the draft, in this process."""
+    """Hugging Face `generate`, target alone, assisted by the draft, or by prompt lookup, in this
+    process."""
 
     def __init__(self, target_dir: str, draft_dir: str, threads: int) -> None:
         from transformers import AutoModelForCausalLM
@@ -131,7 +135,8 @@ class HFRunner:
         self.threads = threads
 
     def run(self, mode: str, workload: str, index: int, prompt: list[int], max_tokens: int, seed: int) -> Run:
-        kwargs = {"assistant_model": self.draft} if mode == "hf_assisted" else {}
+        kwargs = {"hf_target": {}, "hf_assisted": {"assistant_model": self.draft},
+                  "hf_lookup": {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS}}[mode]
         if workload == "sampled":  # T=1 over the whole vocabulary, as the cluster's sampled workload
             kwargs |= {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
             torch.manual_seed(seed)

@@ -123,6 +123,7 @@ def summarize(runs: list[Run], workload: str, modes: list[str], max_gamma: int) 
             "tokens_per_s": spread([r.tokens_per_s for r in rs]),
             "speedup_vs_hf_target": paired_speedup(rs, by_mode.get("hf_target", [])),
             "speedup_vs_hf_assisted": paired_speedup(rs, by_mode.get("hf_assisted", [])),
+            "speedup_vs_hf_lookup": paired_speedup(rs, by_mode.get("hf_lookup", [])),
             **acc,
             "ttft_ms": percentiles_ms([r.ttft_s for r in rs]),
             "itl_ms": percentiles_ms([g for r in rs for g in r.gaps_s]),

@@ -141,8 +141,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "tandem.validate" -}}
 {{- range $pool := list "drafter" "verifier" }}
 {{- $v := index $.Values $pool }}
-{{- if and (eq $pool "verifier") (eq ($v.kind | default "model") "ngram") }}
-{{- fail "verifier.kind is ngram: only the drafter pool can draft by n-gram lookup; the verifier needs the target model" }}
+{{- if and (eq $pool "verifier") (ne ($v.kind | default "model") "model") }}
+{{- fail (printf "verifier.kind is %s: only the drafter pool can draft by n-gram lookup; the verifier needs the target model" $v.kind) }}
 {{- end }}
 {{- if and (hasPrefix "cuda" $v.device) (lt (int $v.gpu.count) 1) }}
 {{- fail (printf "%s.device is %s but %s.gpu.count is 0: the pods would get no GPU" $pool $v.device $pool) }}
