@@ -89,7 +89,7 @@ def test_rrsw_at_a_node_is_the_target_exactly_and_without_the_residual_is_not(k)
 @pytest.mark.parametrize("residual", [True, False])
 def test_accept_child_samples_the_target_and_its_negative_control_fails(residual):
     g = torch.Generator().manual_seed(1)
-    n, counts = 20000, np.zeros(5)
+    n, counts = 8000, np.zeros(5)
     for _ in range(n):
         u = torch.rand(5, generator=g, dtype=torch.float64)
         children = draw_without_replacement(Q, u[:2])
@@ -127,7 +127,7 @@ def two_level(residual: bool, n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("residual", [True, False])
 def test_sampled_walk_follows_the_targets_joint_distribution(residual):
-    n = 12000
+    n = 6000
     joint = (P[:, None] * torch.stack([P.roll(t) for t in range(5)])).numpy()  # [V, V]: p(a) p(b | a)
     pvalue = chisquare(two_level(residual, n, seed=2).ravel(), joint.ravel() * n).pvalue
     assert pvalue > 1e-3 if residual else pvalue < 1e-6
