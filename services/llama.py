@@ -101,12 +101,12 @@ class Feed:
             return list(range(self.start, self.start + len(self.tokens)))
         return [self.start + d - 1 for d in tree.depths(self.parents)]
 
-    def visible(self) -> torch.Tensor:
-        """[n, start+n] bool: the keys each token may attend to."""
+    def visible(self, device: torch.device) -> torch.Tensor:
+        """[n, start+n] bool on device: the keys each token may attend to."""
         n = len(self.tokens)
-        allowed = torch.ones(n, self.start + n, dtype=torch.bool).tril(self.start)
+        allowed = torch.ones(n, self.start + n, dtype=torch.bool, device=device).tril(self.start)
         if self.parents is not None:
-            allowed[:, self.start:] = tree.ancestor_mask(self.parents)
+            allowed[:, self.start:] = tree.ancestor_mask(self.parents).to(device)
         return allowed
 
 
@@ -194,7 +194,7 @@ class LlamaPass:
         start, n = feed.start, len(feed.tokens)
         if n == 1:
             return None
-        allowed = feed.visible().to(self.device)  # [n, L]
+        allowed = feed.visible(self.device)  # [n, L]
         if not self._small(n, start + n):
             return allowed
         bias = torch.zeros(n, start + n, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
