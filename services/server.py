@@ -310,7 +310,8 @@ def run_worker(
     add = functools.partial(adders[kind], max_batch_tokens=max_batch_tokens)
     tracing.setup({"draft": "tandem-draft-worker", "ngram": "tandem-ngram-draft-worker",
                    "hybrid": "tandem-hybrid-draft-worker", "target": "tandem-target-verifier"}[kind])
-    lookup = lookup or ngram.Lookup()
+    if kind in ("ngram", "hybrid") and lookup is None:
+        raise ValueError(f"a {kind} worker needs its lookup (tandem.services.ngram.Lookup)")
     if kind == "ngram":
         runtime = ngram.NgramRuntime(lookup, max_tokens=max_cache_bytes // 8)
     else:
@@ -324,8 +325,8 @@ def run_worker(
             raise SystemExit(_cannot_listen(host, metrics_port, "metrics", e)) from None
     info = runtime.info
     # An n-gram draft's distributions are one token each: a draft worker's limits for a vocabulary of one.
-    limits = message_limits("draft", 1, info.max_context) if kind == "ngram" else \
-        message_limits("draft" if kind == "hybrid" else kind, info.vocab_size, info.max_context)
+    limits = message_limits("target" if kind == "target" else "draft", 1 if kind == "ngram" else info.vocab_size,
+                            info.max_context)
 
     async def main():
         status = health.aio.HealthServicer()

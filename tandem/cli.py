@@ -131,7 +131,7 @@ def cmd_certs(args) -> None:
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
-DRAFTERS = ("hybrid", "model", "ngram")  # tandem.local.LocalCluster's drafter
+DRAFTERS = ("hybrid", "model", "ngram")  # tandem.local.DRAFTERS, without importing it at start
 # The hybrid's shortest suffix: a one-token match is found almost everywhere and leaves the model
 # little to draft; 2 and 3 measured the same within noise (benchmarks/README.md: drafters).
 HYBRID_MIN_N = 2

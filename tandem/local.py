@@ -22,6 +22,7 @@ from tandem.ports import port_in_use
 if TYPE_CHECKING:
     from tandem.tls import TLSFiles
 
+DRAFTERS = ("hybrid", "model", "ngram")  # LocalCluster's drafter: which `tandem worker` drafts
 SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.1 s
 
 
@@ -152,8 +153,8 @@ class LocalCluster:
         failing start(). worker_args: more `tandem worker` flags for every worker. drafter: "hybrid"
         (`tandem worker hybrid` on draft_model), "model" (`tandem worker draft` on draft_model) or
         "ngram" (`tandem worker ngram`, no model)."""
-        if drafter not in ("model", "ngram", "hybrid"):
-            raise ValueError(f"drafter must be 'model', 'ngram' or 'hybrid', got {drafter!r}")
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.host = grpc_port, host

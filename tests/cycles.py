@@ -2,8 +2,15 @@
 without Ray, as the orchestrator's deployment runs it."""
 
 import asyncio
+from collections import Counter
 from contextlib import asynccontextmanager
 
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+from tandem.math.params import SamplingParams
+from tandem.math.sampling import warp
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.cycle import Session, SpeculativeLoop
 from tandem.orchestrator.policy import GammaPolicy
@@ -44,3 +51,41 @@ async def release(loop: SpeculativeLoop, s: Session) -> int:
 
 async def generate(loop: SpeculativeLoop, s: Session) -> list[int]:
     return [t async for cycle in loop.run(s) for t in cycle.tokens]
+
+
+FIRST_TOKEN = SamplingParams(temperature=1.0, top_k=8)  # what sampled_first_tokens asks for, seed aside
+
+
+def sampled_first_tokens(draft: str, target: str, redis_url: str, eos: int, prompt: list[int], seeds: int,
+                         verification: str, name: str) -> list[tuple[int, int]]:
+    """Per seed 0 … seeds−1, a session on `prompt` under FIRST_TOKEN with γ = 3 and no drafting
+    ahead, 16 at a time → (its first token, its first cycle's γ)."""
+
+    async def run():
+        async with running_loop([draft], [target], redis_url, (eos,), draft_ahead=False) as loop:
+            slots = asyncio.Semaphore(16)
+
+            async def one(seed):
+                async with slots:
+                    params = SamplingParams(FIRST_TOKEN.temperature, FIRST_TOKEN.top_k, FIRST_TOKEN.top_p, seed)
+                    s = await open_session(loop, f"{name}-{seed}", prompt, params, 4, 3)
+                    s.verification = verification
+                    tokens = await generate(loop, s)
+                    await release(loop, s)
+                    return tokens[0], s.stats.per_cycle[0].gamma
+
+            return await asyncio.gather(*(one(seed) for seed in range(seeds)))
+
+    return asyncio.run(run())
+
+
+def assert_first_tokens_follow_the_target(target_model, prompt: list[int], tokens: list[int]) -> None:
+    """The tokens lie in the support of the target's FIRST_TOKEN distribution after prompt and
+    pass χ² against it."""
+    with torch.no_grad():
+        expected = warp(target_model(torch.tensor([prompt])).logits[0, -1], FIRST_TOKEN).double().numpy()
+    counts = Counter(tokens)
+    support = np.flatnonzero(expected)
+    assert set(counts) <= set(support.tolist())
+    observed = np.array([counts[t] for t in support], dtype=float)
+    assert chisquare(observed, expected[support] / expected[support].sum() * len(tokens)).pvalue > 1e-3

@@ -5,24 +5,28 @@ drafting for the cycle loop with a real target verifier and Redis, greedy token-
 the target alone and sampled following the target's distribution."""
 
 import asyncio
-from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 from tandem.math.params import SamplingParams
-from tandem.math.sampling import warp
 from tandem.services.hybrid import HybridRuntime, propose
 from tandem.services.ngram import Lookup
 from tandem.services.runtime import ModelRuntime
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from cycles import generate, open_session, release, running_loop
+from cycles import (
+    assert_first_tokens_follow_the_target,
+    generate,
+    open_session,
+    release,
+    running_loop,
+    sampled_first_tokens,
+)
 from test_cluster import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -139,31 +143,7 @@ def test_sampled_first_token_through_hybrid_drafts_follows_the_target(hybrid_wor
     """The first token's χ² over many seeds, drafted by lookup (a repeating prompt: one-hot
     drafts) or by the model (a fresh one), under block verification."""
     prompt = pair["prompts"][4] * 3 if prompt_kind == "repeating" else pair["prompts"][6]
-    params = SamplingParams(temperature=1.0, top_k=8)
-    with torch.no_grad():
-        expected = warp(target_model(torch.tensor([prompt])).logits[0, -1], params).double().numpy()
-    n = 300
-
-    async def run():
-        async with running_loop([hybrid_worker], [workers["target"]], redis_url, (pair["eos"],),
-                                draft_ahead=False) as loop:
-            slots = asyncio.Semaphore(16)
-
-            async def one(seed):
-                async with slots:
-                    s = await open_session(loop, f"hybrid-{prompt_kind}-{seed}", prompt,
-                                           SamplingParams(1.0, 8, 1.0, seed), 4, 3)
-                    s.verification = "block"
-                    tokens = await generate(loop, s)
-                    await release(loop, s)
-                    return tokens[0], s.stats.per_cycle[0].gamma
-
-            return await asyncio.gather(*(one(seed) for seed in range(n)))
-
-    results = asyncio.run(run())
+    results = sampled_first_tokens(hybrid_worker, workers["target"], redis_url, pair["eos"], prompt, 300, "block",
+                                   f"hybrid-{prompt_kind}")
     assert all(gamma > 0 for _, gamma in results), "every first cycle should have drafted"
-    firsts = Counter(token for token, _ in results)
-    support = np.flatnonzero(expected)
-    assert set(firsts) <= set(support.tolist())
-    observed = np.array([firsts[t] for t in support], dtype=float)
-    assert chisquare(observed, expected[support] / expected[support].sum() * n).pvalue > 1e-3
+    assert_first_tokens_follow_the_target(target_model, prompt, [token for token, _ in results])

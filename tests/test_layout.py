@@ -113,8 +113,9 @@ def test_only_the_wire_builds_messages():
         assert not messages or _in(module, "tandem.wire", "tandem.v1"), f"{module} imports {sorted(messages)}"
 
 
-def test_the_cli_offers_the_verification_modes_the_wire_knows():
-    from tandem import cli
+def test_the_cli_offers_the_verification_modes_and_drafters_there_are():
+    from tandem import cli, local
     from tandem.wire.generation import VERIFICATION_MODES
 
     assert cli.VERIFICATIONS == VERIFICATION_MODES  # the CLI keeps its own copy: it imports no wire at start
+    assert cli.DRAFTERS == local.DRAFTERS  # nor tandem.local

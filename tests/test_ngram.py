@@ -4,22 +4,25 @@ a real target verifier and Redis, greedy token-identical to the target alone and
 (one-hot drafts, token and block verification) following the target's distribution."""
 
 import asyncio
-from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
-import torch
-from scipy.stats import chisquare
 
 from tandem.math.params import SamplingParams
-from tandem.math.sampling import warp
 from tandem.services.ngram import Lookup, NgramRuntime
 from tandem.services.runtime import CacheMiss, Step
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from cycles import generate, open_session, release, running_loop
+from cycles import (
+    assert_first_tokens_follow_the_target,
+    generate,
+    open_session,
+    release,
+    running_loop,
+    sampled_first_tokens,
+)
 from test_cluster import hf_greedy
 
 
@@ -123,31 +126,7 @@ def test_sampled_first_token_through_ngram_drafts_follows_the_target(ngram_worke
     """One-hot drafts under a sampled target: accepted with the target's probability of the
     drafted token, else the target without it. χ² of the first token over many seeds."""
     prompt = pair["prompts"][4] * 3
-    params = SamplingParams(temperature=1.0, top_k=8)
-    with torch.no_grad():
-        expected = warp(target_model(torch.tensor([prompt])).logits[0, -1], params).double().numpy()
-    n = 300
-
-    async def run():
-        async with running_loop([ngram_worker], [workers["target"]], redis_url, (pair["eos"],),
-                                draft_ahead=False) as loop:
-            slots = asyncio.Semaphore(16)
-
-            async def one(seed):
-                async with slots:
-                    s = await open_session(loop, f"ngram-{verification}-{seed}", prompt,
-                                           SamplingParams(1.0, 8, 1.0, seed), 4, 3)
-                    s.verification = verification
-                    tokens = await generate(loop, s)
-                    await release(loop, s)
-                    return tokens[0], s.stats.per_cycle[0].gamma
-
-            return await asyncio.gather(*(one(seed) for seed in range(n)))
-
-    results = asyncio.run(run())
+    results = sampled_first_tokens(ngram_worker, workers["target"], redis_url, pair["eos"], prompt, 300,
+                                   verification, f"ngram-{verification}")
     assert sum(gamma for _, gamma in results) > 0, "the lookup should have drafted"
-    firsts = Counter(token for token, _ in results)
-    support = np.flatnonzero(expected)
-    assert set(firsts) <= set(support.tolist())
-    observed = np.array([firsts[t] for t in support], dtype=float)
-    assert chisquare(observed, expected[support] / expected[support].sum() * n).pvalue > 1e-3
+    assert_first_tokens_follow_the_target(target_model, prompt, [token for token, _ in results])

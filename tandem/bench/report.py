@@ -174,18 +174,17 @@ def drafters_plot(passes: dict[str, dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
     first = next(iter(passes))
     for ax, workload in zip(axes[0], workloads):
-        bars = [(label(m), r["speedup_vs_hf_target"]) for m, r in passes[first]["workloads"][workload].items()
-                if m in ("hf_assisted", "hf_lookup")]
+        bars = [(label(m), r["speedup_vs_hf_target"], "C3") for m, r in passes[first]["workloads"][workload].items()
+                if m in ("hf_assisted", "hf_lookup")]  # (name, spread, colour)
         bars += [(f"{drafter}: {label(m).removeprefix('tandem ').removesuffix(', block verification')}",
-                  r["speedup_vs_hf_target"]) for drafter, results in passes.items()
+                  r["speedup_vs_hf_target"], f"C{i}") for i, (drafter, results) in enumerate(passes.items())
                  for m, r in results["workloads"][workload].items() if not m.startswith("hf_")]
-        medians = [s["median"] for _, s in bars]
-        err = [[m - s["p25"] for m, (_, s) in zip(medians, bars)], [s["p75"] - m for m, (_, s) in zip(medians, bars)]]
-        ax.bar(range(len(bars)), medians, yerr=err, capsize=3,
-               color=["C3" if name.startswith("HF") else f"C{list(passes).index(name.split(':')[0])}"
-                      for name, _ in bars])
+        medians = [s["median"] for _, s, _ in bars]
+        err = [[m - s["p25"] for m, (_, s, _) in zip(medians, bars)],
+               [s["p75"] - m for m, (_, s, _) in zip(medians, bars)]]
+        ax.bar(range(len(bars)), medians, yerr=err, capsize=3, color=[colour for _, _, colour in bars])
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xticks(range(len(bars)), [name for name, _ in bars], rotation=35, ha="right", fontsize=8)
+        ax.set_xticks(range(len(bars)), [name for name, _, _ in bars], rotation=35, ha="right", fontsize=8)
         ax.set(title=workload, ylabel="speedup over HF target alone (median, IQR)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -43,7 +43,7 @@ from functools import cached_property
 
 import torch
 
-from tandem.math.sampling import sample
+from tandem.math import sampling
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def draw_without_replacement(q: torch.Tensor, u: torch.Tensor) -> list[int]:
     for ui in u:
         if q.sum() <= 0:
             break
-        token = int(sample(q, ui))
+        token = int(sampling.sample(q, ui))
         tokens.append(token)
         q[token] = 0
     return tokens
@@ -149,11 +149,10 @@ def accept_child(p: torch.Tensor, q: torch.Tensor, children: list[int], u_accept
         if q_token > 0 and u_accept[i] < min(1.0, float(p[token] / q_token)):
             return i, token
         if residual:
-            owed = (p - q).clamp_(min=0)
-            p = owed / owed.sum() if owed.sum() > 0 else p
+            p = sampling.residual(p, q)  # the target itself where it is q: that rejection had probability 0
         q[token] = 0
-        q = q / q.sum() if q.sum() > 0 else q
-    return None, int(sample(p, u_residual))
+        q = q / q.sum().clamp(min=1e-300)
+    return None, int(sampling.sample(p, u_residual))
 
 
 def sampled_walk(tree: Tree, target: torch.Tensor, draft: torch.Tensor, u_accept: torch.Tensor,
@@ -165,7 +164,7 @@ def sampled_walk(tree: Tree, target: torch.Tensor, draft: torch.Tensor, u_accept
     while True:
         kids = tree.children[node]
         chosen, token = accept_child(target[node + 1], draft[node + 1], [tree.tokens[c] for c in kids],
-                                     u_accept[kids] if kids else u_accept[:0], u_residual[node + 1], residual)
+                                     u_accept[kids], u_residual[node + 1], residual)
         if chosen is None:
             return path, token
         node = kids[chosen]
