@@ -152,14 +152,16 @@ class DraftClient(WorkerClient):
 
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-        parent: Context | None = None, ahead: bool = False, writer: str = "",
+        parent: Context | None = None, ahead: bool = False, writer: str = "", tree_widths: tuple[int, ...] = (),
     ) -> Reply:
         """ahead: a draft past the block under verification (marked on its span); writer: the
-        session's writer, whose stream carries the call."""
+        session's writer, whose stream carries the call; tree_widths: a token tree's (gamma deep)."""
         def encode(trace_context):
-            return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context)
+            return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths)
 
         attributes = {"tandem.draft_ahead": True} if ahead else None
+        if tree_widths:
+            attributes = {"tandem.tree_widths": list(tree_widths)}
         return await self._call("Propose", encode, wire.proposal_from_pb, (session_id, writer), parent, attributes)
 
 

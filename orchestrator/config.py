@@ -4,10 +4,13 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+from tandem.math import tree
 from tandem.orchestrator.pool import split_address
 from tandem.orchestrator.store import check_redis_url
 from tandem.tls import TLSFiles
-from tandem.wire.generation import VERIFICATION_MODES
+from tandem.wire.generation import DRAFT_SHAPES, VERIFICATION_MODES
+
+MAX_TREE_NODES = 64  # a tree's nodes (the workers' MAX_GAMMA: drafted tokens per call)
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,9 @@ class OrchestratorConfig:
     metrics_host: str = "127.0.0.1"  # the interface the metrics listen on
     draft_ahead: bool = True  # draft past each block while the target verifies it (cycle.py)
     verification: str = "block"  # how drafted blocks are accepted unless a request says: "token" or "block"
+    draft_shape: str = "chain"  # what cycles draft unless a request says: "chain", "tree" or "auto"
+    # A token tree's children per node at depths 1, 2, …, then 1 (a chain under every leaf) down to γ.
+    tree_widths: tuple[int, ...] = (2, 2)
     # The ingress's bearer token, as its SHA-256 hex digest: the secret itself never travels in
     # the application's config. None: no token, anyone who reaches the ingress may call it.
     api_key_sha256: str | None = None
@@ -56,6 +62,13 @@ class OrchestratorConfig:
             raise ValueError(f"verification must be one of {VERIFICATION_MODES}, got {self.verification!r}")
         if not 0 <= self.max_gamma <= 64:
             raise ValueError(f"max_gamma must be in [0, 64], got {self.max_gamma}")
+        if self.draft_shape not in DRAFT_SHAPES:
+            raise ValueError(f"draft_shape must be one of {DRAFT_SHAPES}, got {self.draft_shape!r}")
+        if not self.tree_widths or min(self.tree_widths) < 1:
+            raise ValueError(f"tree_widths must be one or more widths of at least 1, got {self.tree_widths}")
+        if (nodes := tree.size(tree.widths_at(self.tree_widths, self.max_gamma))) > MAX_TREE_NODES:
+            raise ValueError(f"tree_widths {self.tree_widths} make a tree of {nodes} nodes at max_gamma "
+                             f"{self.max_gamma}; at most {MAX_TREE_NODES}: narrow it or lower max_gamma")
         if not 1 <= self.default_max_tokens <= self.max_tokens_cap:
             raise ValueError("default_max_tokens must be in [1, max_tokens_cap]")
         if not 0 <= self.metrics_port < 65536:
@@ -88,3 +101,4 @@ def api_key_digest(api_key: str | None) -> str | None:
     if not api_key.isprintable() or len(api_key) > 4096:
         raise ValueError("the API key must be printable and at most 4096 characters")
     return hashlib.sha256(api_key.encode()).hexdigest()
+

@@ -8,9 +8,10 @@ costs nothing but the call).
 While the target verifies a block, the draft worker is idle: the loop has it draft past the
 block as if the target accepts all of it and its bonus token is the draft's own next token
 ("drafting ahead"). When that guess comes true, the next cycle's block is ready and the cycle
-goes straight to verify. Exactness does not depend on the guess: the block is what a fresh
-draft call would have proposed after the same committed sequence (counter-based randomness
-keyed by position), so the accept/reject step sees the same kind of proposal either way.
+goes straight to verify (a chain's: a token tree's cycle does not draft ahead). Exactness does
+not depend on the guess: the block is what a fresh draft call would have proposed after the
+same committed sequence (counter-based randomness keyed by position), so the accept/reject step
+sees the same kind of proposal either way.
 Most guesses miss (all of the block and the bonus must match), so the loop drafts ahead only
 while its session is the only one in flight: with others, the draft worker is not idle, and
 wasted drafts would delay their blocks (measured: 8 sessions in flight, 139 → 105 tokens/s).
@@ -21,7 +22,13 @@ which re-prefills from the committed tokens, and the call is made again: exact, 
 calls are idempotent and randomness is keyed by position. With no draft worker available a
 cycle runs at γ = 0 (the target alone); with no verifier, the loop waits up to
 `verifier_wait_s` for one and then raises `NoWorker`. Commits are fenced (`store.Fenced`): a
-writer that another stream has taken over stops."""
+writer that another stream has taken over stops.
+
+A session's draft shape says what its cycles draft: a chain, a token tree γ deep (the session's
+tree widths per depth, then 1), or either, cycle by cycle, as the policy measures them ("auto").
+A tree's verdict comes back per node (tandem.math.tree.Verdict) and the loop walks it with its
+own counter-based uniforms. The verifier keeps the path it walked with the same uniforms; the
+draft worker keeps the committed tokens and is fed the path by its next call."""
 
 import asyncio
 import time
@@ -36,9 +43,10 @@ from opentelemetry.trace import SpanKind
 
 from tandem import tracing
 from tandem.cpu import CpuMeter
+from tandem.math import tree
 from tandem.math.acceptance import accepted_jointly, count_accepted, output_tokens
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, uniforms
+from tandem.math.rng import Purpose, node_uniforms, uniforms
 from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import Reply
 from tandem.orchestrator.policy import CycleCosts, GammaPolicy
@@ -74,6 +82,8 @@ class Session:
     policy: GammaPolicy
     fixed_gamma: int | None = None  # None: adaptive
     verification: str = "token"  # how drafted blocks are accepted: "token" or "block" (tandem.math.block)
+    draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto" (the module's docstring)
+    tree_widths: tuple[int, ...] = (2, 2)  # a tree's children per node at depths 1, 2, …, then 1
     owner: str = ""  # this writer's id: the store commits only its cycles
     cycle: int = 0
     # By pool ("draft", "target"): the session's worker, and how many committed tokens it is
@@ -98,6 +108,7 @@ class _FirstCall(NamedTuple):
     task: asyncio.Future  # → Reply
     span: trace.Span  # the cycle's span, ended after its commit
     drafted_ahead: bool = False  # the block came from the last cycle's draft-ahead: no draft call
+    tree_widths: tuple[int, ...] = ()  # the draft asked for: a tree's; empty: a chain
 
 
 @dataclass
@@ -144,15 +155,25 @@ class SpeculativeLoop:
         """1. Open the cycle's span and start its first worker call: the draft, or the verify
         when γ = 0. A block drafted ahead stands in for the draft call, with its γ."""
         gamma = len(block.answer.draft_tokens) if block else self._gamma(s, s.generated)
+        widths = self._tree_widths(s, gamma) if gamma and not block else ()
         span = tracing.start_span("cycle", parent, attributes={
-            "tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma, "tandem.cycle.drafted_ahead": bool(block)})
+            "tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma, "tandem.cycle.drafted_ahead": bool(block),
+            "tandem.cycle.draft_shape": "tree" if widths else "chain"})
         here = trace.set_span_in_context(span, parent)
         if block:
             task = asyncio.get_running_loop().create_future()
             task.set_result(block)
         else:
-            task = asyncio.ensure_future(self._propose(s, gamma, here) if gamma else self._verify(s, None, here))
-        return _FirstCall(gamma, time.perf_counter(), task, span, bool(block))
+            task = asyncio.ensure_future(self._propose(s, gamma, here, widths) if gamma
+                                         else self._verify(s, None, here))
+        return _FirstCall(gamma, time.perf_counter(), task, span, bool(block), widths)
+
+    @staticmethod
+    def _tree_widths(s: Session, gamma: int) -> tuple[int, ...]:
+        """The tree a drafting cycle of depth γ drafts, or () for a chain."""
+        if s.draft_shape == "chain" or (s.draft_shape == "auto" and not s.policy.choose_tree()):
+            return ()
+        return tree.widths_at(s.tree_widths, gamma)
 
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
@@ -182,10 +203,11 @@ class SpeculativeLoop:
         #    no draft worker left makes it a γ-0 cycle.
         draft = await call.task if call.gamma else None
         proposal = draft.answer if draft else None
-        gamma = len(proposal.draft_tokens) if proposal else 0
+        gamma = len(proposal.draft_tokens) if proposal else 0  # drafted tokens: a tree's nodes
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
         alone = self.in_flight == 1  # the draft worker would otherwise idle through the verify
-        ahead = self._draft_ahead(s, proposal, here) if gamma and self.draft_ahead and alone else None
+        chain = gamma and not proposal.parents
+        ahead = self._draft_ahead(s, proposal, here) if chain and self.draft_ahead and alone else None
         try:
             verify = await self._verify(s, proposal, here) if call.gamma else await call.task
         except BaseException:
@@ -194,19 +216,16 @@ class SpeculativeLoop:
             raise
         verdict = verify.answer
         # 4. Accept/reject with counter-based uniforms keyed by absolute position: token by token,
-        #    or the block's prefix jointly where the verifier answered block verification's h.
+        #    the block's prefix jointly where the verifier answered block verification's h, or a
+        #    token tree's path.
         position = len(s.tokens)
-        accepted = 0
-        drafted = proposal.draft_tokens if proposal else []
-        if proposal:
-            u = uniforms(s.params.seed, position, gamma, Purpose.ACCEPT)
-            if verdict.block_accept_probs:
-                accepted = accepted_jointly(verdict.block_accept_probs, u)
-            else:
-                accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
-        new = output_tokens(drafted, accepted, verdict.recovered_tokens, verdict.bonus_token)
+        if gamma and not chain:
+            accepted, new, kept = _walk(s, proposal, verdict, position)
+        else:
+            accepted, new = _accept(s, proposal, verdict, position)
+            kept = accepted
         new = self._truncate(s, new, remaining=s.max_tokens - s.generated)
-        s.cache_lens["target"] = position + accepted
+        s.cache_lens["target"] = position + kept
         s.tokens.extend(new)
         s.cycle += 1
         # 5. Settle the draft-ahead call (a session has one draft call in flight at a time): the
@@ -217,14 +236,15 @@ class SpeculativeLoop:
             s.cache_lens["draft"] = len(s.tokens)
         elif ahead_reply:
             s.cache_lens["draft"] = position + accepted
-        elif gamma:
+        elif chain:
             s.cache_lens["draft"] = position + min(accepted, gamma - 1)
-        elif proposal:  # a drafter that proposed nothing (no n-gram match) holds the committed tokens
+        elif proposal:  # a tree, or a drafter that proposed nothing (no n-gram match): the committed tokens
             s.cache_lens["draft"] = position
         # 6. Teach the policy what the cycle measured, and start the next cycle's first call:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
         record = _measure(s, began, call, gamma, accepted, len(new), draft, verify, ahead_reply)
-        s.policy.observe(_costs(record, draft, verify, self.cpu.count()))
+        depth = len(call.tree_widths) if gamma and not chain else 0  # a tree's; 0: a chain
+        s.policy.observe(_costs(record, draft, verify, self.cpu.count(), depth), len(new))
         following = None if s.finish_reason else self._launch(s, parent, block)
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),
@@ -289,12 +309,14 @@ class SpeculativeLoop:
             await self.store.commit(s.session_id, s.owner, s.cycle, new, record, state)
         return (time.perf_counter() - start) * 1e3
 
-    async def _propose(self, s: Session, gamma: int, parent: Context) -> Reply | None:
-        """Draft γ tokens; None when no draft worker is available or none drafted the block (the
-        cycle runs at γ = 0)."""
+    async def _propose(self, s: Session, gamma: int, parent: Context,
+                       tree_widths: tuple[int, ...] = ()) -> Reply | None:
+        """Draft γ tokens (a tree γ deep of these widths); None when no draft worker is available
+        or none drafted the block (the cycle runs at γ = 0)."""
 
         def call(client, cache_len: int, tokens: list[int]):
-            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, writer=s.owner)
+            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, writer=s.owner,
+                                  tree_widths=tree_widths)
 
         reply = await self._on_worker(s, self.drafts, call, parent)
         if reply is not None and reply.answer is None:
@@ -371,6 +393,27 @@ class SpeculativeLoop:
         return new[:remaining]
 
 
+def _accept(s: Session, proposal: Proposal | None, verdict, position: int) -> tuple[int, list[int]]:
+    """A chain's accepted count and output tokens."""
+    if not proposal:
+        return 0, [verdict.bonus_token]
+    u = uniforms(s.params.seed, position, len(proposal.draft_tokens), Purpose.ACCEPT)
+    if verdict.block_accept_probs:
+        accepted = accepted_jointly(verdict.block_accept_probs, u)
+    else:
+        accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
+    return accepted, output_tokens(proposal.draft_tokens, accepted, verdict.recovered_tokens, verdict.bonus_token)
+
+
+def _walk(s: Session, proposal: Proposal, verdict, position: int) -> tuple[int, list[int], int]:
+    """A token tree's accepted path length, output tokens, and how many of the path the
+    verifier's cache holds: all of it when it kept the same path, else none."""
+    t = tree.Tree(tuple(proposal.draft_tokens), tuple(proposal.parents))
+    u = node_uniforms(s.params.seed, position, len(t), Purpose.TREE_ACCEPT)
+    path, token = tree.outcome(t, tree.Verdict(verdict.tree_accept_probs, verdict.tree_recovered_tokens), u)
+    return len(path), [t.tokens[i] for i in path] + [token], len(path) if verdict.kept_path == path else 0
+
+
 def _then(miss: Reply, retry: Reply) -> Reply:
     """A cache miss and its re-prefill, counted as one call."""
     return Reply(retry.answer, miss.wall_ms + retry.wall_ms, miss.wire_bytes + retry.wire_bytes, retry.fed)
@@ -403,14 +446,15 @@ def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted:
     )
 
 
-def _costs(c: CycleStats, draft: Reply | None, verify: Reply, overhead_ms: float) -> CycleCosts:
+def _costs(c: CycleStats, draft: Reply | None, verify: Reply, overhead_ms: float, depth: int = 0) -> CycleCosts:
     """What the γ policy learns from a cycle: what each call's work cost its worker (a worker that
     does not measure it: its compute time, and the call's transport), the orchestrator's CPU per
-    cycle (its orchestration time until that is measured), and the latency beyond them."""
+    cycle (its orchestration time until that is measured), and the latency beyond them. depth:
+    a token tree's (its γ), 0 for a chain."""
     draft_call, verify_call = _call(draft), _call(verify)
     overhead = overhead_ms if overhead_ms >= 0 else c.orchestration_ms
     return CycleCosts(
-        gamma=c.gamma, accepted=c.accepted,
+        gamma=depth or c.gamma, accepted=c.accepted, tree=bool(depth),
         draft_cost_ms=_cost(draft), draft_call_ms=draft_call,
         verify_cost_ms=_cost(verify), verify_call_ms=verify_call,
         overhead_ms=overhead,

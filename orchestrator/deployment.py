@@ -92,7 +92,8 @@ class GenerationService:
         # The draft pool may be empty for now: sessions then run at γ = 0 until a draft worker is up.
         draft_info = await self.drafts.describe(min(5.0, self.config.worker_timeout_s)) or target_info
         self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
-                                self.config.max_tokens_cap, self.config.default_max_tokens, self.config.verification)
+                                self.config.max_tokens_cap, self.config.default_max_tokens, self.config.verification,
+                                self.config.draft_shape)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s)
         self.model = Path(target_info.model).name  # gen_ai.request.model: the target's name
@@ -182,7 +183,8 @@ class GenerationService:
         await self.store.create(SessionRecord(
             session.session_id,
             {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
-             "max_tokens": resolved.max_tokens, "gamma": resolved.gamma, "verification": resolved.verification},
+             "max_tokens": resolved.max_tokens, "gamma": resolved.gamma, "verification": resolved.verification,
+             "draft_shape": resolved.draft_shape, "tree_widths": list(session.tree_widths)},
             session.prompt_len, session.tokens, policy=session.policy.to_dict(), workers=session.workers,
             cache_lens=session.cache_lens, owner=session.owner,
         ))
@@ -193,7 +195,7 @@ class GenerationService:
             session_id=uuid.uuid4().hex, params=r.params, tokens=list(r.prompt_token_ids),
             prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens,
             policy=self._policy_template.with_fresh_acceptance(), fixed_gamma=r.gamma, owner=_writer(),
-            verification=r.verification,
+            verification=r.verification, draft_shape=r.draft_shape, tree_widths=self.config.tree_widths,
         )
 
     async def _connect_or_refuse(self) -> None:
@@ -251,6 +253,7 @@ class GenerationService:
             record.prompt_len, p["max_tokens"], GammaPolicy.from_dict(record.policy) if record.policy
             else self._policy_template.with_fresh_acceptance(), fixed_gamma=p["gamma"], owner=owner,
             verification=p.get("verification", "token"),  # a record written before block verification
+            draft_shape=p.get("draft_shape", "chain"), tree_widths=tuple(p.get("tree_widths", ())),  # before trees
             cycle=record.cycle, workers={"draft": None, "target": None} | record.workers,
             cache_lens={"draft": 0, "target": 0} | record.cache_lens, finish_reason=record.status if finished else "",
             used={(kind, address) for kind, address in record.workers.items() if address},  # freed at the end
@@ -364,7 +367,7 @@ def _describe(span, operation: str, session: Session, model: str) -> None:
         "gen_ai.request.max_tokens": session.max_tokens,
         "gen_ai.usage.input_tokens": session.prompt_len, "gen_ai.response.id": session.session_id,
         "tandem.gamma": "adaptive" if session.fixed_gamma is None else str(session.fixed_gamma),
-        "tandem.verification": session.verification,
+        "tandem.verification": session.verification, "tandem.draft_shape": session.draft_shape,
     })
     if p.seed < 2**63:  # OTLP integers are int64; a client's seed may use all 64 bits
         span.set_attribute("gen_ai.request.seed", p.seed)

@@ -7,7 +7,12 @@ It picks γ in [0, γ_max] to maximize expected tokens per millisecond of the cl
 with E[tokens | α, γ] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1), α the
 session's running acceptance estimate, and every cost measured as the session runs. γ = 0 is
 plain target decoding; while it wins, every `probe_every` cycles one cycle drafts anyway, so a
-stale α can recover.
+stale α can recover. α is learned along the accepted path, whatever the draft's shape (a token
+tree's is a path γ deep).
+
+Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
+cost of its drafting cycles, and drafts the shape that has given more tokens per millisecond,
+trying the other one every `probe_every` cycles so that its measure stays current.
 
 The load. The workers batch: one forward pass runs the steps of every session waiting for it,
 and costs about intercept + slope · (its tokens, all sessions'). The workers say, per call, which
@@ -54,6 +59,10 @@ from tandem.wire.worker import Batching
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
 STEADY_DRAFT_FED = 2
 STEADY_VERIFY_FED = 1
+# What a new session forgets of a policy: the acceptance of another's text, and the shapes' rates
+# (tokens per ms) that came of it.
+ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "chain_tokens": 0.0, "chain_ms": 0.0,
+              "tree_tokens": 0.0, "tree_ms": 0.0, "last_tree": False, "shape_streak": 0}
 
 
 @dataclass
@@ -70,6 +79,7 @@ class CycleCosts:
     draft_latency_ms: float = 0.0  # the draft call's wall time beyond its work and CPU
     latency_ms: float = 0.0  # the verify call's and the orchestration's, likewise
     drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
+    tree: bool = False  # the draft was a token tree γ deep (gamma: its depth)
     draft_fed: int = 1  # committed tokens each call fed its worker besides the block
     verify_fed: int = 1
     # The passes each call ran in; None (or no passes) means alone, one pass per step.
@@ -124,6 +134,14 @@ class GammaPolicy:
     draft_pass: LinearFit = field(default_factory=LinearFit)
     verify_pass: LinearFit = field(default_factory=LinearFit)
     zero_streak: int = 0
+    # Per draft shape, the decayed output tokens and cost of its drafting cycles; the shape of the
+    # latest ones and how many ran in a row.
+    chain_tokens: float = 0.0
+    chain_ms: float = 0.0
+    tree_tokens: float = 0.0
+    tree_ms: float = 0.0
+    last_tree: bool = False
+    shape_streak: int = 0
 
     @property
     def alpha(self) -> float:
@@ -160,10 +178,22 @@ class GammaPolicy:
             gamma = max(range(1, top + 1), key=self.tokens_per_ms)
         return gamma
 
-    def observe(self, c: CycleCosts) -> None:
-        """Fold one cycle's measurements into the estimates."""
+    def choose_tree(self) -> bool:
+        """Whether the next drafting cycle drafts a tree (draft shape "auto"): the chain first,
+        then the tree, then the one with more tokens per ms, the other every probe_every cycles."""
+        if not self.chain_ms or not self.tree_ms:
+            return bool(self.chain_ms)
+        tree_wins = self.tree_tokens * self.chain_ms > self.chain_tokens * self.tree_ms
+        if self.shape_streak + 1 >= self.probe_every and self.last_tree == tree_wins:
+            return not tree_wins
+        return tree_wins
+
+    def observe(self, c: CycleCosts, output_tokens: int = 0) -> None:
+        """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
+        estimates."""
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         if c.gamma:
+            self._observe_shape(c, output_tokens)
             self.accepted = self.decay * self.accepted + c.accepted
             self.verified = self.decay * self.verified + verified_tokens(c.accepted, c.gamma)
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
@@ -182,6 +212,15 @@ class GammaPolicy:
         self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, self.decay)
         self.verify_call_ms = self._ewma(self.verify_call_ms, c.verify_call_ms)
 
+    def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
+        cost = (c.draft_cost_ms + c.draft_call_ms + c.draft_latency_ms + c.verify_cost_ms + c.verify_call_ms
+                + c.overhead_ms + c.latency_ms)
+        shape = "tree" if c.tree else "chain"
+        setattr(self, f"{shape}_tokens", self.decay * getattr(self, f"{shape}_tokens") + output_tokens)
+        setattr(self, f"{shape}_ms", self.decay * getattr(self, f"{shape}_ms") + cost)
+        self.shape_streak = self.shape_streak + 1 if c.tree == self.last_tree else 1
+        self.last_tree = c.tree
+
     def _ewma(self, old: float, new: float) -> float:
         return new if old < 0 else self.decay * old + (1 - self.decay) * new
 
@@ -199,7 +238,7 @@ class GammaPolicy:
 
     def with_fresh_acceptance(self) -> "GammaPolicy":
         """A copy that keeps the measured costs but forgets acceptance (for a new session)."""
-        return GammaPolicy.from_dict(self.to_dict() | {"accepted": 0.0, "verified": 0.0, "zero_streak": 0})
+        return GammaPolicy.from_dict(self.to_dict() | ACCEPTANCE)
 
 
 def _passes(reported: Batching | None, passes: int, tokens: int) -> Batching:

@@ -24,6 +24,7 @@ class Limits:
     max_tokens_cap: int
     default_max_tokens: int
     default_verification: str  # for a request that does not say
+    default_draft_shape: str = "chain"  # likewise
 
     @property
     def max_prompt_chars(self) -> int:
@@ -33,9 +34,9 @@ class Limits:
 
     @classmethod
     def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
-           default_max_tokens: int, default_verification: str) -> "Limits":
+           default_max_tokens: int, default_verification: str, default_draft_shape: str = "chain") -> "Limits":
         return cls(min(draft.vocab_size, target.vocab_size), min(draft.max_context, target.max_context),
-                   max_gamma, max_tokens_cap, default_max_tokens, default_verification)
+                   max_gamma, max_tokens_cap, default_max_tokens, default_verification, default_draft_shape)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ResolvedRequest:
     params: SamplingParams
     gamma: int | None  # None: adaptive
     verification: str  # how drafted blocks are accepted: "token" or "block"
+    draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto"
 
 
 def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedRequest:
@@ -72,7 +74,8 @@ def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedReques
         if req.gamma > limits.max_gamma:
             raise out_of_range("gamma", f"at most {limits.max_gamma}, got {req.gamma}")
     return ResolvedRequest(prompt, max_tokens, SamplingParams(temperature, top_k, top_p, seed), req.gamma,
-                           req.verification or limits.default_verification)
+                           req.verification or limits.default_verification,
+                           req.draft_shape or limits.default_draft_shape)
 
 
 def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:

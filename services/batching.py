@@ -3,7 +3,8 @@ forward passes.
 
 A job is a generator. It yields a `Step` (tokens of its session to run), receives that step's
 logits (or has the step's CacheMiss thrown into it), and returns its answer: a verify is one
-step, drafting γ tokens is γ steps. Each round, the model thread takes the jobs waiting for a
+step, drafting γ tokens is γ steps. A `KeepPath` it yields (after a token tree's step) is applied
+at once, on the model thread, before any other pass. Each round, the model thread takes the jobs waiting for a
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
 long), runs all their steps in one pass (`ModelRuntime.extend_batch`), and hands each job its
 logits. A job with more steps waits for the next round; a job that arrived meanwhile joins it.
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from tandem.services import metrics
-from tandem.services.runtime import ModelRuntime, Step
+from tandem.services.runtime import KeepPath, ModelRuntime, Step
 from tandem.wire.worker import Batching
 
 log = logging.getLogger("tandem.worker")
@@ -163,6 +164,8 @@ class Batcher:
                 running.step = running.job.throw(result)
             else:
                 running.step = running.job.send(result)
+            while isinstance(running.step, KeepPath):
+                running.step = running.job.send(self.runtime.keep_path(running.step))
         except StopIteration as done:
             answer = done.value
             elapsed, cost = self._since(start)

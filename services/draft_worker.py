@@ -2,9 +2,11 @@
 
 import torch
 
+from tandem.math import tree
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, uniform
+from tandem.math.rng import Purpose, node_uniforms, uniform
 from tandem.math.sampling import sample, warp
+from tandem.math.tree_sampling import draw_without_replacement
 from tandem.services import distributions
 from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.limits import MAX_GAMMA
@@ -46,6 +48,67 @@ def propose(
     return wire.Proposal(drafted, token_probs, packed, 0.0)
 
 
+def propose_tree(
+    session_id: str, cache_len: int, tokens: list[int], widths: list[int], params: SamplingParams,
+    step: type[Step] = Step,
+) -> Job:
+    """The job that drafts a token tree after the committed sequence → a Proposal with parents
+    (tandem.math.tree): every node at depth d gets widths[d−1] children, its draft's top tokens
+    (greedy) or as many drawn from its draft distribution without replacement (sampled: what the
+    verifier's recursive rejection sampling assumes). One step per depth, each running the whole
+    tree so far under its tree mask (one pass, however wide), so that a node's logits see exactly
+    its path. Raises CacheMiss.
+
+    The cache ends holding the committed tokens (the tree's branches are not kept: the verifier
+    knows the path, the next call feeds it).
+    """
+    position = cache_len + len(tokens)  # absolute position of the depth-1 nodes
+    total = tree.size(widths)
+    u = node_uniforms(params.seed, position, total, Purpose.TREE_DRAFT) if not params.greedy else []
+    frontier = [(-1, (yield step(session_id, cache_len, tokens, keep=1))[0])]  # (node, its logits [V])
+    drafted, parents, token_probs, dists = [], [], [], []
+    for depth, width in enumerate(widths):
+        level = []
+        for node, logits in frontier:
+            if params.greedy:
+                children = logits.topk(min(width, logits.shape[-1])).indices.tolist()
+                probs = None
+            else:
+                probs = warp(logits, params)  # [V]
+                draws = torch.tensor(u[len(drafted):len(drafted) + width], dtype=torch.float64)  # node-keyed
+                children = draw_without_replacement(probs, draws)
+                dists.append(probs)
+            for token in children:
+                level.append(len(drafted))
+                drafted.append(token)
+                parents.append(node)
+                token_probs.append(1.0 if probs is None else float(probs[token]))
+        if depth + 1 < len(widths):
+            logits = yield step(session_id, position, list(drafted), keep=len(level), parents=tuple(parents))
+            frontier = list(zip(level, logits))
+    packed = [] if params.greedy else distributions.pack(torch.stack(dists))
+    return wire.Proposal(drafted, token_probs, packed, 0.0, parents=parents)
+
+
+def is_tree(widths: list[int]) -> bool:
+    """Whether widths make a tree with branches (all ones: a chain, drafted as one)."""
+    return any(w > 1 for w in widths)
+
+
+def check_tree_widths(widths: list[int], gamma: int) -> int:
+    """A request's tree_widths → the tree's nodes (0: none asked for), or INVALID_ARGUMENT."""
+    if not widths:
+        return 0
+    if len(widths) != gamma:
+        raise invalid("tree_widths", f"need one width per depth: {gamma} (gamma), got {len(widths)}")
+    if min(widths) < 1:
+        raise invalid("tree_widths", f"every width must be at least 1, got {widths}")
+    nodes = tree.size(widths)
+    if nodes > MAX_GAMMA:
+        raise invalid("tree_widths", f"the tree has {nodes} nodes; at most {MAX_GAMMA}")
+    return nodes
+
+
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
     service = "tandem.v1.DraftWorker"
 
@@ -54,7 +117,8 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             self.check_sequence(request.session_id, request.cache_len, request.tokens)
             if not 1 <= request.gamma <= MAX_GAMMA:
                 raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
-            end = request.cache_len + len(request.tokens) + request.gamma - 1
+            drafted = check_tree_widths(list(request.tree_widths), request.gamma) or request.gamma
+            end = request.cache_len + len(request.tokens) + drafted - 1
             check_context("gamma", end, self.runtime.info.max_context)
             params = self.check_sampling(request.sampling)
             job, probs = self.draft(request, params)
@@ -64,8 +128,11 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
 
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
         """The job that answers a checked request, and how many probabilities it returns."""
-        probs = 0 if params.greedy else request.gamma * self.runtime.info.vocab_size
-        return propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params), probs
+        widths = list(request.tree_widths)
+        args = (request.session_id, request.cache_len, list(request.tokens))
+        job = propose_tree(*args, widths, params) if is_tree(widths) else propose(*args, request.gamma, params)
+        drafted = tree.size(widths) if widths else request.gamma
+        return job, 0 if params.greedy else drafted * self.runtime.info.vocab_size
 
     async def ProposeStream(self, requests, context):
         async for request in requests:

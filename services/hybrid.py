@@ -13,12 +13,13 @@ context alone, so verification stays exact either way (ARCHITECTURE.md: one-hot 
 
 from dataclasses import dataclass, replace
 
+from tandem.math import tree
 from tandem.math.params import SamplingParams
 from tandem.services import draft_worker
 from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.draft_worker import DraftWorkerServicer
 from tandem.services.ngram import Lookup, NgramRuntime, one_hot
-from tandem.services.runtime import CacheMiss, ModelRuntime, Step
+from tandem.services.runtime import CacheMiss, ModelRuntime, Step, chain_part
 from tandem.v1 import worker_pb2_grpc
 
 
@@ -49,7 +50,7 @@ class HybridRuntime(NgramRuntime):
     def extend_batch(self, steps: list[Step]) -> list:
         """Every step crops and extends its session's list (→ the list, as NgramRuntime's); a
         ModelStep also runs through the model in one pass with the others (→ its logits)."""
-        results = super().extend_batch(steps)
+        results = super().extend_batch([chain_part(step) for step in steps])
         runs = []  # (index, model step)
         for i, (step, result) in enumerate(zip(steps, results)):
             if isinstance(result, CacheMiss):
@@ -61,7 +62,7 @@ class HybridRuntime(NgramRuntime):
             for (i, step), out in zip(runs, self.model.extend_batch([step for _, step in runs])):
                 results[i] = out
                 if not isinstance(out, CacheMiss):
-                    self._fed[step.session_id] = step.cache_len + len(step.tokens)
+                    self._fed[step.session_id] = step.cache_len + len(chain_part(step).tokens)
         return results
 
     def release(self, session_id: str) -> bool:
@@ -71,10 +72,11 @@ class HybridRuntime(NgramRuntime):
 
 
 def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-            runtime: HybridRuntime) -> Job:
+            runtime: HybridRuntime, widths: list[int] = ()) -> Job:
     """The job that drafts γ tokens: up to γ by lookup when the context's suffix occurred
-    before, else γ by the model after feeding it what its cache lacks → a Proposal. Raises
-    CacheMiss. Either way the list ends holding the context and the block's drafts but the last."""
+    before, else γ by the model after feeding it what its cache lacks (a tree of these widths
+    when they branch) → a Proposal. Raises CacheMiss. The list ends holding the context, and
+    the block's drafts but the last after a chain."""
     context = yield Step(session_id, cache_len, tokens)
     drafted = runtime.lookup.propose(context, gamma)
     if drafted:
@@ -82,6 +84,8 @@ def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, para
             yield Step(session_id, len(context), drafted[:-1])
         return one_hot(drafted, params)
     fed = min(runtime.fed(session_id), len(context) - 1)  # feed one token at least: its logits draft
+    if draft_worker.is_tree(widths):
+        return (yield from draft_worker.propose_tree(session_id, fed, context[fed:], widths, params, step=ModelStep))
     return (yield from draft_worker.propose(session_id, fed, context[fed:], gamma, params, step=ModelStep))
 
 
@@ -89,9 +93,11 @@ class HybridDraftServicer(DraftWorkerServicer):
     """The DraftWorker service answered by lookup or by the model."""
 
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
+        widths = list(request.tree_widths)
         job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params,
-                      self.runtime)
-        return job, 0 if params.greedy else request.gamma * self.runtime.info.vocab_size
+                      self.runtime, widths)
+        drafted = tree.size(widths) if widths else request.gamma
+        return job, 0 if params.greedy else drafted * self.runtime.info.vocab_size
 
 
 def add_to_server(runtime: HybridRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:

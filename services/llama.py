@@ -106,7 +106,7 @@ class Feed:
         n = len(self.tokens)
         allowed = torch.ones(n, self.start + n, dtype=torch.bool, device=device).tril(self.start)
         if self.parents is not None:
-            allowed[:, self.start:] = tree.ancestor_mask(self.parents).to(device)
+            allowed[:, self.start:] = torch.tensor(tree.ancestor_mask(self.parents), device=device)
         return allowed
 
 
@@ -152,6 +152,10 @@ class LlamaPass:
     @staticmethod
     def cache_nbytes(cache: KVBuffer) -> int:
         return cache.nbytes
+
+    @staticmethod
+    def keep_path(cache: KVBuffer, start: int, nodes: list[int]) -> None:
+        cache.keep_path(start, nodes)
 
     def forward(self, cache: KVBuffer, start: int, tokens: list[int], keep: int) -> torch.Tensor:
         """Run tokens at positions start.. over the cache's first `start` positions, writing

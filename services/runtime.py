@@ -38,12 +38,25 @@ class CacheMiss(Exception):
 @dataclass(frozen=True)
 class Step:
     """What a job asks of the model: run `tokens` after the session's first cache_len tokens and
-    give back the logits of the last `keep` (0: all)."""
+    give back the logits of the last `keep` (0: all). With `parents`, the tokens are a token
+    tree's nodes (llama.Feed)."""
 
     session_id: str
     cache_len: int
     tokens: list[int]
     keep: int = 0
+    parents: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class KeepPath:
+    """What a job asks of the session's cache after a tree's step: keep the nodes (tree indices,
+    a root-to-node path) whose keys and values sit at start, start+1, … and end the cache there.
+    A job yields it like a Step and is sent whether the session was still held."""
+
+    session_id: str
+    start: int
+    nodes: list[int]
 
 
 def eos_token_ids(config) -> tuple[int, ...]:
@@ -69,18 +82,39 @@ class HFPass:
         return DynamicCache(config=self.model.config)
 
     def forward(self, cache: DynamicCache, start: int, tokens: list[int], keep: int) -> torch.Tensor:
-        held = cache.get_seq_length()
-        if held > start:
-            cache.crop(start - held)  # negative: tokens to remove
-        input_ids = torch.tensor([tokens], dtype=torch.long, device=self.model.device)  # [1, n]
-        # logits_to_keep: a prefill needs no vocabulary projection of the prompt.
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        return out.logits[0]  # [keep, V]
+        return self._run(Feed(cache, start, tokens, keep))
 
     def forward_batch(self, feeds: list[Feed]) -> list[torch.Tensor]:
         """Each feed through its own forward: Hugging Face's caches of different lengths do not
         share a pass without padding every one of them."""
-        return [self.forward(f.cache, f.start, f.tokens, f.keep) for f in feeds]
+        return [self._run(f) for f in feeds]
+
+    def _run(self, feed: Feed) -> torch.Tensor:
+        """→ logits [keep, V]. A tree's feed passes its mask (4-D, additive) and positions."""
+        held = feed.cache.get_seq_length()
+        if held > feed.start:
+            feed.cache.crop(feed.start - held)  # negative: tokens to remove
+        device = self.model.device
+        input_ids = torch.tensor([feed.tokens], dtype=torch.long, device=device)  # [1, n]
+        tree = {}
+        if feed.parents is not None:
+            dtype = self.model.dtype
+            allowed = feed.visible(device)  # [n, start+n]
+            bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+            tree = {"attention_mask": bias[None, None], "position_ids": torch.tensor([feed.positions()], device=device)}
+        # logits_to_keep: a prefill needs no vocabulary projection of the prompt.
+        out = self.model(input_ids=input_ids, past_key_values=feed.cache, use_cache=True, logits_to_keep=feed.keep,
+                         **tree)
+        return out.logits[0]  # [keep, V]
+
+    @staticmethod
+    def keep_path(cache: DynamicCache, start: int, nodes: list[int]) -> None:
+        """llama.KVBuffer.keep_path for a DynamicCache: the path's keys and values to start.., the rest cropped."""
+        index = [start + i for i in nodes]
+        for layer in cache.layers:
+            for t in (layer.keys, layer.values):  # [batch, kv_heads, length, head_dim]
+                t[:, :, start:start + len(nodes)] = t[:, :, index]
+        cache.crop(start + len(nodes) - cache.get_seq_length())
 
     @staticmethod
     def cache_nbytes(cache: DynamicCache) -> int:
@@ -168,7 +202,7 @@ class ModelRuntime:
                 results[i] = e
         if not runnable:
             return results
-        feeds = [Feed(session.cache, step.cache_len, step.tokens, step.keep or len(step.tokens))
+        feeds = [Feed(session.cache, step.cache_len, step.tokens, step.keep or len(step.tokens), step.parents)
                  for _, step, session in runnable]
         try:
             with torch.inference_mode():
@@ -180,11 +214,22 @@ class ModelRuntime:
                 self.release(step.session_id)
             raise
         for (i, step, session), out in zip(runnable, logits):
-            session.length = step.cache_len + len(step.tokens)
+            session.length = step.cache_len + len(chain_part(step).tokens)
             session.nbytes = self.forward_pass.cache_nbytes(session.cache)
             results[i] = out
         self._evict(keep={step.session_id for step in steps})
         return results
+
+    def keep_path(self, keep: KeepPath) -> bool:
+        """Apply a KeepPath → whether the session was held."""
+        with self._lock:
+            session = self._sessions.get(keep.session_id)
+            if session is None:
+                return False
+            with torch.inference_mode():
+                self.forward_pass.keep_path(session.cache, keep.start, keep.nodes)
+            session.length = keep.start + len(keep.nodes)
+            return True
 
     def release(self, session_id: str) -> bool:
         with self._lock:
@@ -210,6 +255,15 @@ class ModelRuntime:
                 if oldest in keep:
                     break
                 del self._sessions[oldest]
+
+
+def chain_part(step: Step) -> Step:
+    """The step as a chain: a tree's nodes before the first one that is not its predecessor's
+    child (what a cache holds as committed-looking tokens after the tree's pass); a chain itself."""
+    if step.parents is None:
+        return step
+    length = next((i for i, parent in enumerate(step.parents) if parent != i - 1), len(step.parents))
+    return Step(step.session_id, step.cache_len, step.tokens[:length], step.keep)
 
 
 def gemm_friendly_layout(model: torch.nn.Module) -> None:

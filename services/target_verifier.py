@@ -2,14 +2,15 @@
 
 import torch
 
+from tandem.math import tree, tree_sampling
 from tandem.math.block import block_verdict
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, uniform, uniforms
+from tandem.math.rng import Purpose, node_uniforms, uniform, uniforms
 from tandem.math.sampling import verify_block, verify_greedy, warp
 from tandem.services import distributions
 from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.limits import MAX_GAMMA
-from tandem.services.runtime import ModelRuntime, Step
+from tandem.services.runtime import KeepPath, ModelRuntime, Step
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -51,6 +52,37 @@ def verify(
     )
 
 
+def verify_tree(
+    session_id: str, cache_len: int, tokens: list[int], draft: tree.Tree, draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+) -> Job:
+    """The job that checks a token tree in one step → a Verification of its tree_* fields.
+    draft_probs [e, V]: the draft's distribution at each node with children (tree.expanded
+    order); None when greedy. Raises CacheMiss.
+
+    The committed tail and the tree run as one tree (the tail a chain above the root), every
+    node at its depth's position seeing only its path. Then the job walks the tree with the
+    orchestrator's uniforms and keeps that path's keys and values after the committed tokens,
+    which is what the orchestrator's next cache_len says (where it walks otherwise, it crops).
+    """
+    m, n = len(tokens), len(draft)
+    position = cache_len + m  # absolute position of the depth-1 nodes
+    parents = tuple(range(-1, m - 1)) + tuple(p + m if p >= 0 else m - 1 for p in draft.parents)
+    logits = yield Step(session_id, cache_len, tokens + list(draft.tokens), keep=n + 1, parents=parents)  # [n+1, V]
+    if params.greedy:
+        verdict = tree.greedy_verdict(draft, logits.argmax(-1).tolist())
+    else:
+        target_probs = warp(logits, params)  # [n+1, V]
+        u_residual = node_uniforms(params.seed, position, n + 1, Purpose.TREE_RECOVERED)
+        verdict = tree_sampling.verdict(draft, target_probs, draft_probs, u_residual)
+    # As the wire carries them: the orchestrator walks with these float32 values.
+    accept_probs = torch.tensor(verdict.accept_probs, dtype=torch.float32).tolist()
+    path = tree.walk(draft, accept_probs, node_uniforms(params.seed, position, n, Purpose.TREE_ACCEPT))
+    kept = yield KeepPath(session_id, position, path)
+    return wire.Verification([], [], 0, 0.0, tree_accept_probs=accept_probs,
+                             tree_recovered_tokens=verdict.recovered, kept_path=path if kept else [])
+
+
 class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServicer):
     service = "tandem.v1.TargetVerifier"
 
@@ -68,10 +100,13 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 verification = verification_mode_from_pb(request.verification) or "token"
             except ValueError as e:
                 raise invalid("verification", str(e)) from None
+            draft = _tree(request)
+            # One draft distribution per drafted token, or per node with children in a tree.
+            rows = len(tree.expanded(draft.parents)) if draft else len(request.draft_tokens)
             draft_probs = None
             if request.draft_distributions:
-                if len(request.draft_distributions) != len(request.draft_tokens):
-                    raise invalid("draft_distributions", "need one per drafted token")
+                if len(request.draft_distributions) != rows:
+                    raise invalid("draft_distributions", "need one per drafted token (a tree: per node with children)")
                 try:
                     draft_probs = distributions.unpack(request.draft_distributions, info.vocab_size)
                 except ValueError as e:
@@ -79,8 +114,11 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             elif request.draft_tokens and not params.greedy:
                 raise invalid("draft_distributions", "required when sampling (temperature > 0)")
             probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
-            job = verify(request.session_id, request.cache_len, list(request.tokens), list(request.draft_tokens),
-                         draft_probs, params, verification)
+            args = (request.session_id, request.cache_len, list(request.tokens))
+            if draft:
+                job = verify_tree(*args, draft, draft_probs, params)
+            else:
+                job = verify(*args, list(request.draft_tokens), draft_probs, params, verification)
             return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
 
         return await self.answer(context, "Verify", request, work, wire.verify_response)
@@ -91,6 +129,18 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             if response is None:  # refused: the status set on the context ends the stream
                 return
             yield response
+
+
+def _tree(request) -> tree.Tree | None:
+    """The request's token tree, None for a chain, or INVALID_ARGUMENT naming draft_parents."""
+    if not request.draft_parents:
+        return None
+    if len(request.draft_parents) != len(request.draft_tokens):
+        raise invalid("draft_parents", "need one per drafted token")
+    try:
+        return tree.Tree(tuple(request.draft_tokens), tuple(request.draft_parents))
+    except ValueError as e:
+        raise invalid("draft_parents", str(e)) from None
 
 
 def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:

@@ -138,6 +138,12 @@ HYBRID_MIN_N = 2
 VERIFICATIONS = ("token", "block")  # tandem.wire.generation.VERIFICATION_MODES, without importing the wire here
 VERIFICATION_HELP = ("how drafted blocks are accepted unless a request says: the block's prefix jointly (block "
                      "verification, Sun et al. 2025; the default) or token by token; the same for greedy requests")
+DRAFT_SHAPES = ("chain", "tree", "auto")  # tandem.wire.generation.DRAFT_SHAPES, likewise
+DRAFT_SHAPE_HELP = ("what cycles draft unless a request says: one chain (the default), a token tree (--tree-widths; "
+                    "verified in one target pass, the longest accepted path kept), or either, cycle by cycle, "
+                    "by the tokens per measured millisecond each gives")
+TREE_WIDTHS_HELP = ("a token tree's children per node at depths 1, 2, ..., then 1 down to gamma (default 2,2: "
+                    "2 + 4 + 4 nodes at gamma 3)")
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
@@ -194,7 +200,7 @@ def cmd_up(args) -> None:
     from tandem.local import LocalCluster
 
     draft_model, target_model = default_pair(args.draft_model, args.target_model)
-    options = _ingress_options(args, "up") | {"verification": args.verification}
+    options = _ingress_options(args, "up") | _drafting_options(args)
     _check_ingress_port(args.grpc_port, "up")
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
@@ -232,9 +238,21 @@ def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
             draft_addresses=_addresses(args.draft), target_addresses=_addresses(args.target),
             redis_url=args.redis_url, tokenizer=args.tokenizer, max_gamma=args.max_gamma,
             metrics_port=args.metrics_port, draft_ahead=not args.no_draft_ahead, replicas=args.replicas, tls=tls,
-            metrics_host=args.host, verification=args.verification, **_ingress_options(args, "orchestrator"))
+            metrics_host=args.host, **_drafting_options(args), **_ingress_options(args, "orchestrator"))
     except ValueError as e:
         raise SystemExit(f"tandem orchestrator: {e}") from None
+
+
+def _drafting_options(args: argparse.Namespace) -> dict:
+    """The OrchestratorConfig fields of --verification, --draft-shape and --tree-widths."""
+    return {"verification": args.verification, "draft_shape": args.draft_shape, "tree_widths": _tree_widths(args)}
+
+
+def _tree_widths(args: argparse.Namespace) -> tuple[int, ...]:
+    try:
+        return tuple(int(w) for w in args.tree_widths.split(","))
+    except ValueError:
+        raise SystemExit(f"--tree-widths: comma-separated integers, got {args.tree_widths!r}") from None
 
 
 def cmd_orchestrator(args) -> None:
@@ -288,7 +306,8 @@ def cmd_generate(args) -> None:
             stats = None
             for chunk in client.stream(args.prompt, prompt_token_ids=ids, max_tokens=args.max_tokens,
                                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                       seed=args.seed, gamma=gamma, verification=args.verification):
+                                       seed=args.seed, gamma=gamma, verification=args.verification,
+                                       draft_shape=args.draft_shape):
                 print(chunk.text if chunk.text or args.prompt_ids is None else " ".join(map(str, chunk.token_ids)) + " ",
                       end="", flush=True)
                 stats = chunk.stats or stats
@@ -382,6 +401,9 @@ def cmd_bench(args) -> None:
     verifications = args.verification.split(",")
     if not verifications or not set(verifications) <= set(VERIFICATIONS):
         raise SystemExit("tandem bench: --verification is token, block or token,block")
+    shapes = args.draft_shape.split(",")
+    if not shapes or not set(shapes) <= set(DRAFT_SHAPES):
+        raise SystemExit(f"tandem bench: --draft-shape is one or more of {','.join(DRAFT_SHAPES)}")
     if not set(workloads) <= {"greedy", "sampled"} or not gammas or min(gammas) < 0 or min(concurrency, default=1) < 1:
         raise SystemExit("tandem bench: --workloads is greedy,sampled; gammas >= 0; concurrency >= 1")
     try:
@@ -398,7 +420,8 @@ def cmd_bench(args) -> None:
                          concurrency_sessions=args.concurrency_sessions,
                          concurrency_repeats=args.concurrency_repeats, threads=args.threads, seed=args.seed,
                          draft_ahead=None if args.address else not args.no_draft_ahead,
-                         interleaved=not args.concurrency_only, verifications=verifications, drafter=drafters[0])
+                         interleaved=not args.concurrency_only, verifications=verifications, drafter=drafters[0],
+                         draft_shapes=shapes)
     if args.address:
         results = run_bench(config, args.address, args.out)
         print((Path(args.out) / "bench.md").read_text())
@@ -430,7 +453,8 @@ def _bench_local(args, config, out: Path) -> dict:
         return LocalCluster(config.draft_model, config.target_model, args.grpc_port or free_port(),
                             threads=args.threads, max_gamma=max(8, *config.gammas), echo=False,
                             draft_ahead=not args.no_draft_ahead,
-                            options={"max_sessions": max([64, *config.concurrency])}, worker_args=worker_args,
+                            options={"max_sessions": max([64, *config.concurrency]),
+                                     "tree_widths": _tree_widths(args)}, worker_args=worker_args,
                             drafter=config.drafter)
 
     with local() as cluster:
@@ -483,6 +507,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
+    up.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
+    up.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
     up.add_argument("--drafter", choices=DRAFTERS, default="hybrid",
                     help="draft workers: hybrid, n-gram lookup in the context where it matches and the draft model "
                          "elsewhere (the default: the fastest measured); the draft model alone; or the lookup alone "
@@ -515,6 +541,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", default=None, help="draft length per cycle, or 'auto' (default)")
     gen.add_argument("--verification", choices=VERIFICATIONS, default=None,
                      help="how drafted blocks are accepted (default: the server's)")
+    gen.add_argument("--draft-shape", choices=DRAFT_SHAPES, default=None,
+                     help="what cycles draft: chain, tree or auto (default: the server's)")
     gen.add_argument("--wait", type=float, default=0, help="wait up to this many seconds for the cluster")
     gen.set_defaults(func=cmd_generate)
 
@@ -564,6 +592,8 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     orch.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
+    orch.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
+    orch.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
     _add_tls_flags(orch, "orchestrator")
     orch.set_defaults(func=cmd_orchestrator, extra="server")
 
@@ -605,6 +635,10 @@ def parser() -> argparse.ArgumentParser:
                        help="skip the concurrency sweep against a second local cluster whose workers run one "
                             "session per pass (--max-batch-tokens 1)")
     bench.add_argument("--concurrency-sessions", type=int, default=16, help="sessions per concurrency level")
+    bench.add_argument("--draft-shape", default="chain",
+                       help="chain, tree, auto, or several ('chain,tree'): the cluster modes under each (tree and "
+                            "auto: gamma > 0)")
+    bench.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP + " (local cluster)")
     bench.add_argument("--verification", default="token",
                        help="token, block or token,block: the cluster modes under each (block: adaptive and γ > 0)")
     bench.add_argument("--concurrency-repeats", type=_positive, default=1,

@@ -57,9 +57,9 @@ FIRST_TOKEN = SamplingParams(temperature=1.0, top_k=8)  # what sampled_first_tok
 
 
 def sampled_first_tokens(draft: str, target: str, redis_url: str, eos: int, prompt: list[int], seeds: int,
-                         verification: str, name: str) -> list[tuple[int, int]]:
+                         verification: str, name: str, draft_shape: str = "chain") -> list[tuple[int, int]]:
     """Per seed 0 … seeds−1, a session on `prompt` under FIRST_TOKEN with γ = 3 and no drafting
-    ahead, 16 at a time → (its first token, its first cycle's γ)."""
+    ahead, 16 at a time → (its first token, its first cycle's γ: a tree's nodes)."""
 
     async def run():
         async with running_loop([draft], [target], redis_url, (eos,), draft_ahead=False) as loop:
@@ -69,7 +69,7 @@ def sampled_first_tokens(draft: str, target: str, redis_url: str, eos: int, prom
                 async with slots:
                     params = SamplingParams(FIRST_TOKEN.temperature, FIRST_TOKEN.top_k, FIRST_TOKEN.top_p, seed)
                     s = await open_session(loop, f"{name}-{seed}", prompt, params, 4, 3)
-                    s.verification = verification
+                    s.verification, s.draft_shape = verification, draft_shape
                     tokens = await generate(loop, s)
                     await release(loop, s)
                     return tokens[0], s.stats.per_cycle[0].gamma

@@ -7,7 +7,7 @@ import pytest
 
 from tandem.bench import report, summary
 from tandem.bench.harness import BenchConfig, add_unbatched, run_bench
-from tandem.bench.runs import Run
+from tandem.bench.runs import Run, cluster_mode, mode_gamma, mode_shape, mode_verification
 from tandem.math.analytic import expected_tokens
 
 
@@ -115,3 +115,14 @@ def test_smoke_run_writes_every_output(cluster, pair, workers, tmp_path):
     assert results["peak_memory_mb"]["draft"] > 0 and results["peak_memory_mb"]["target"] > 0
     assert "| tandem γ=2 |" in (tmp_path / "bench.md").read_text()
     assert "| tandem γ=2, block verification |" in (tmp_path / "bench.md").read_text()
+
+
+def test_cluster_modes_name_their_gamma_verification_and_draft_shape():
+    config = BenchConfig("draft", "target", [], gammas=[0, 4], verifications=["token", "block"],
+                         draft_shapes=["chain", "tree"])
+    assert config.cluster_modes == ["gamma_0", "gamma_4", "adaptive", "gamma_4_block", "adaptive_block",
+                                    "gamma_4_tree", "adaptive_tree", "gamma_4_block_tree", "adaptive_block_tree"]
+    for mode in config.cluster_modes:
+        assert cluster_mode(mode_gamma(mode), mode_verification(mode), mode_shape(mode)) == mode
+    assert (mode_gamma("gamma_4_block_auto"), mode_verification("gamma_4_block_auto")) == (4, "block")
+    assert report.label("adaptive_block_tree") == "tandem adaptive γ, block verification, token trees"

@@ -487,6 +487,8 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
         assert config.metrics_host == "0.0.0.0"
         assert config.draft_ahead == v["orchestrator"]["draftAhead"]
         assert config.verification == v["orchestrator"]["verification"]
+        assert config.draft_shape == v["orchestrator"]["draftShape"]
+        assert config.tree_widths == tuple(v["orchestrator"]["treeWidths"])
         assert config.tokenizer is not None
         assert config.redis_url == os.environ["REDIS_URL"]
         check_redis_url(r, env["REDIS_URL"])
@@ -1020,6 +1022,9 @@ BAD_VALUES = [
     (["--set", "drafter.kind=tree"],
      'drafter.kind: drafter.kind must be one of the following: "model", "ngram", "hybrid"'),
     (["--set", "orchestrator.verification=joint"], 'orchestrator.verification: orchestrator.verification must be one of the following: "token", "block"'),
+    (["--set", "orchestrator.draftShape=wide"],
+     'orchestrator.draftShape: orchestrator.draftShape must be one of the following: "chain", "tree", "auto"'),
+    (["--set-json", "orchestrator.treeWidths=[2,0]"], "orchestrator.treeWidths.1: Must be greater than or equal to 1"),
     (["--set", "drafter.device=tpu"], "drafter.device: Does not match pattern"),
     (["--set", "image.repository="], "image.repository: String length must be greater than or equal to 1"),
     (["--set-json", "networkPolicy.clients=[{}]"], "networkPolicy.clients.0: Must have at least 1 properties"),

@@ -1,6 +1,6 @@
 """Imports point one way, read from the source of every installed module:
 
-    tandem.math (pure; only its `sampling`, `block` and `tree` use torch)
+    tandem.math (pure; only its `sampling`, `block` and `tree_sampling` use torch)
       ↑
     tandem.wire (the codec and validation every side shares) ← the SDK (tandem, client, errors)
       ↑
@@ -92,7 +92,7 @@ def test_the_math_is_the_bottom_layer_and_only_the_workers_half_uses_torch():
     for module, found in _imports_of("tandem.math").items():
         for name in found:
             top = name.split(".")[0]
-            if module in ("tandem.math.sampling", "tandem.math.block", "tandem.math.tree") and top == "torch":
+            if module in ("tandem.math.sampling", "tandem.math.block", "tandem.math.tree_sampling") and top == "torch":
                 continue
             assert top in sys.stdlib_module_names or _in(name, "tandem.math"), f"{module} imports {name}"
 
@@ -103,7 +103,7 @@ def test_workers_and_orchestrator_meet_only_on_the_wire():
         assert not {n for n in found if _in(n, "tandem.orchestrator", *top)}, f"{module} reaches past the wire"
     for module, found in _imports_of("tandem.orchestrator").items():
         reached = {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "tandem.math.block",
-                                           "tandem.math.tree", "torch", *top)}
+                                           "tandem.math.tree_sampling", "torch", *top)}
         assert not reached, f"{module} reaches past the wire"
 
 
@@ -113,9 +113,10 @@ def test_only_the_wire_builds_messages():
         assert not messages or _in(module, "tandem.wire", "tandem.v1"), f"{module} imports {sorted(messages)}"
 
 
-def test_the_cli_offers_the_verification_modes_and_drafters_there_are():
+def test_the_cli_offers_the_verification_modes_draft_shapes_and_drafters_there_are():
     from tandem import cli, local
-    from tandem.wire.generation import VERIFICATION_MODES
+    from tandem.wire.generation import DRAFT_SHAPES, VERIFICATION_MODES
 
     assert cli.VERIFICATIONS == VERIFICATION_MODES  # the CLI keeps its own copy: it imports no wire at start
+    assert cli.DRAFT_SHAPES == DRAFT_SHAPES
     assert cli.DRAFTERS == local.DRAFTERS  # nor tandem.local

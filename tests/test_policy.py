@@ -6,7 +6,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
-from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+from tandem.orchestrator.policy import ACCEPTANCE, CycleCosts, GammaPolicy
 from tandem.wire.worker import Batching
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
@@ -363,6 +363,31 @@ def test_with_fresh_acceptance_keeps_costs_and_forgets_acceptance():
     assert policy.to_dict() == snapshot  # the original is untouched
     assert (fresh.accepted, fresh.verified, fresh.zero_streak) == (0.0, 0.0, 0)
     assert fresh.alpha == pytest.approx(fresh.prior_alpha)
-    kept = {k: v for k, v in snapshot.items() if k not in ("accepted", "verified", "zero_streak")}
+    kept = {k: v for k, v in snapshot.items() if k not in ACCEPTANCE}
     assert {k: v for k, v in fresh.to_dict().items() if k in kept} == kept
     assert fresh.cycle_ms(3) == policy.cycle_ms(3)
+
+
+def shape_cycle(tree: bool, cost_ms: float) -> CycleCosts:
+    return CycleCosts(gamma=3, accepted=2, draft_cost_ms=cost_ms / 2, draft_call_ms=0.0, verify_cost_ms=cost_ms / 2,
+                      verify_call_ms=0.0, overhead_ms=0.0, tree=tree)
+
+
+def test_auto_shape_tries_both_then_drafts_the_faster_and_probes_the_other():
+    policy = GammaPolicy(probe_every=4)
+    assert not policy.choose_tree()  # a chain first
+    policy.observe(shape_cycle(False, 10.0), output_tokens=3)
+    assert policy.choose_tree()  # then a tree
+    policy.observe(shape_cycle(True, 12.0), output_tokens=5)  # 0.42 tokens/ms against the chain's 0.30
+    picks = []
+    for _ in range(8):
+        tree = policy.choose_tree()
+        picks.append(tree)
+        policy.observe(shape_cycle(tree, 12.0 if tree else 10.0), output_tokens=5 if tree else 3)
+    assert picks == [True, True, False, True, True, True, False, True]  # the chain every 4th drafting cycle
+    for _ in range(30):  # trees turn slow: the chain wins from its next probe on
+        tree = policy.choose_tree()
+        policy.observe(shape_cycle(tree, 40.0 if tree else 10.0), output_tokens=5 if tree else 3)
+    assert [policy.choose_tree() for _ in range(1)] == [False]
+    fresh = policy.with_fresh_acceptance()
+    assert (fresh.chain_ms, fresh.tree_ms) == (0.0, 0.0) and not fresh.choose_tree()

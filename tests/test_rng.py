@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from tandem.math.rng import Purpose, _splitmix64, uniform, uniforms
+from tandem.math.rng import TREE_NODES, Purpose, _splitmix64, node_uniforms, uniform, uniforms
 
 P_MIN = 1e-3
 
@@ -25,7 +25,7 @@ def test_values_are_pinned():
     assert uniform(42, 1000, Purpose.BONUS) == 0.9172256013921495
     assert uniform(2**64 - 1, 7, Purpose.ACCEPT) == 0.1604421406248715
     assert uniform(123456789, 31, Purpose.RECOVERED) == 0.6926510506721784
-    assert [int(p) for p in Purpose] == [1, 2, 3, 4]  # part of the key: never renumber
+    assert [int(p) for p in Purpose] == [1, 2, 3, 4, 5, 6, 7]  # part of the key: never renumber
 
 
 def _reference_splitmix64(x: int) -> int:
@@ -118,3 +118,13 @@ def test_no_linear_correlation_between_purposes_positions_and_seeds():
     assert abs(np.corrcoef(accept[:-1], accept[1:])[0, 1]) < bound  # neighbouring positions
     other_seed = np.array(uniforms(78, 0, n, Purpose.ACCEPT))
     assert abs(np.corrcoef(accept, other_seed)[0, 1]) < bound  # neighbouring seeds
+
+
+def test_tree_keys_are_pinned_and_disjoint_between_trees():
+    assert node_uniforms(7, 100, 3, Purpose.TREE_ACCEPT) == [0.41005171723586176, 0.803487061857289,
+                                                               0.5267205345329058]
+    # Trees at successive positions never share a key, however many nodes they have.
+    assert node_uniforms(7, 101, 1, Purpose.TREE_ACCEPT)[0] not in node_uniforms(7, 100, TREE_NODES,
+                                                                                 Purpose.TREE_ACCEPT)
+    with pytest.raises(ValueError, match="at most"):
+        node_uniforms(7, 100, TREE_NODES + 1, Purpose.TREE_ACCEPT)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from tandem.math.tree import Tree, accept_child, draw_without_replacement, greedy_walk, sampled_walk
+from tandem.math.tree import Tree, expanded, greedy_verdict, outcome, size, walk, widths_at
+from tandem.math.tree_sampling import draw_without_replacement, node_verdict, verdict
 
 P = torch.tensor([0.05, 0.40, 0.25, 0.20, 0.10], dtype=torch.float64)  # the target at a node
 Q = torch.tensor([0.45, 0.05, 0.30, 0.05, 0.15], dtype=torch.float64)  # the draft there: far from it
@@ -24,13 +25,42 @@ def test_structure_mask_and_depths():
     assert tree.children[-1] == [0, 1] and tree.children[0] == [2, 3] and tree.children[5] == []
     assert tree.depths == [1, 1, 2, 2, 2, 3]
     assert tree.path(5) == [0, 2, 5] and tree.path(-1) == []
-    mask = tree.ancestor_mask()
+    mask = torch.tensor(tree.ancestor_mask())
     assert mask[5].nonzero().flatten().tolist() == [0, 2, 5]
     assert mask[4].nonzero().flatten().tolist() == [1, 4]
-    assert Tree.chain([7, 8, 9]).ancestor_mask().equal(torch.ones(3, 3, dtype=torch.bool).tril())
+    assert torch.tensor(Tree.chain([7, 8, 9]).ancestor_mask()).equal(torch.ones(3, 3, dtype=torch.bool).tril())
+    assert expanded(tree.parents) == [-1, 0, 1, 2]  # the draft distributions' rows
+    assert widths_at((3, 2), 4) == (3, 2, 1, 1) and widths_at((3, 2), 1) == (3,)
+    assert size((3, 2, 1, 1)) == 3 + 6 + 6 + 6
     for tokens, parents in (((1, 2), (-1,)), ((1, 2), (1, -1)), ((1, 1), (-1, -1))):
         with pytest.raises(ValueError):
             Tree(tokens, parents)
+
+
+def greedy_walk(tree: Tree, argmax: list[int]) -> tuple[list[int], int]:
+    """The walk with greedy accept probabilities (0 or 1: any uniform decides the same)."""
+    return outcome(tree, greedy_verdict(tree, argmax), [0.999] * len(tree))
+
+
+def accept_child(p, q, children, u_accept, u_residual, residual=True):
+    """RRSw at one node, decided: (the index of the accepted child or None, the output token)."""
+    ratios, token = node_verdict(p, q, children, float(u_residual), residual)
+    chosen = next((i for i, r in enumerate(ratios) if u_accept[i] < r), None)
+    return (None, token) if chosen is None else (chosen, children[chosen])
+
+
+def sampled_walk(tree, target, draft, u_accept, u_residual, residual=True):
+    """RRSw down the tree, target and draft [n+1, V] (a row per node, leaves' unused)."""
+    v = verdict(tree, target, draft[[node + 1 for node in expanded(tree.parents)]], u_residual.tolist(), residual)
+    return outcome(tree, v, u_accept.tolist())
+
+
+def test_walk_descends_to_the_first_child_that_passes_its_test():
+    tree = Tree((10, 11, 12, 13, 14, 15), (-1, -1, 0, 0, 1, 2))
+    probs = [0.5, 0.9, 0.2, 0.7, 0.0, 1.0]
+    assert walk(tree, probs, [0.6, 0.1, 0.1, 0.0, 0.0, 0.0]) == [1]  # node 0 fails; node 1 passes; node 4 cannot
+    assert walk(tree, probs, [0.4, 0.0, 0.3, 0.6, 0.0, 0.5]) == [0, 3]  # node 2 fails, its sibling 3 passes
+    assert walk(tree, probs, [0.4, 0.0, 0.1, 0.0, 0.0, 0.99]) == [0, 2, 5]
 
 
 def test_greedy_walk_takes_the_longest_path_of_target_argmaxes():

@@ -35,13 +35,15 @@ class BenchConfig:
     draft_ahead: bool | None = True  # the local cluster's setting (reported); None: a cluster at --address
     interleaved: bool = True  # False: the concurrency sweep only
     verifications: list[str] = field(default_factory=lambda: ["token"])  # "token" and/or "block"
+    draft_shapes: list[str] = field(default_factory=lambda: ["chain"])  # "chain", "tree", "auto": modes for each
     drafter: str = "hybrid"  # the cluster's draft workers (reported): hybrid, model or ngram
 
     @property
     def cluster_modes(self) -> list[str]:
-        """Every γ (and adaptive) under each verification; γ = 0 has no block to verify."""
+        """Every γ (and adaptive) under each verification and draft shape; γ = 0 drafts nothing."""
         gammas = [*self.gammas, *([None] if self.adaptive else [])]
-        return [cluster_mode(g, v) for v in self.verifications for g in gammas if v == "token" or g != 0]
+        return [cluster_mode(g, v, shape) for shape in self.draft_shapes for v in self.verifications for g in gammas
+                if g != 0 or (v == "token" and shape == "chain")]
 
     @property
     def modes(self) -> list[str]:

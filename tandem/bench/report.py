@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from tandem.bench.runs import BLOCK, Run, mode_gamma, mode_verification
+from tandem.bench.runs import BLOCK, Run, mode_gamma, mode_shape, mode_verification
 
 LABELS = {"hf_target": "HF target alone", "hf_assisted": "HF assisted", "hf_lookup": "HF prompt lookup"}
 _DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is set"}
@@ -12,6 +12,8 @@ _DRAFT_AHEAD = {True: "on", False: "off", None: "as the cluster at --address is 
 def label(mode: str) -> str:
     if mode.startswith("unbatched_"):
         return label(mode.removeprefix("unbatched_")) + ", unbatched"
+    if (shape := mode_shape(mode)) != "chain":
+        return label(mode.removesuffix(f"_{shape}")) + (", token trees" if shape == "tree" else ", chain or tree")
     if mode.endswith(BLOCK):
         return label(mode.removesuffix(BLOCK)) + ", block verification"
     if mode in LABELS:
@@ -229,7 +231,8 @@ def _speedup_vs_gamma(plt, results, path):
     for ax, (workload, rows) in zip(axes[0], workloads.items()):
         for verification in ("token", "block"):
             series = sorted((mode_gamma(m), r) for m, r in rows.items()
-                            if m.startswith("gamma_") and mode_verification(m) == verification)
+                            if m.startswith("gamma_") and mode_verification(m) == verification
+                            and mode_shape(m) == "chain")
             if series:
                 med = [r["speedup_vs_hf_target"]["median"] for _, r in series]
                 err = [[m - r["speedup_vs_hf_target"]["p25"] for m, (_, r) in zip(med, series)],
@@ -237,7 +240,7 @@ def _speedup_vs_gamma(plt, results, path):
                 ax.errorbar([g for g, _ in series], med, yerr=err, marker="o", capsize=3,
                             label=f"tandem, fixed γ, {verification} verification (median, IQR)")
         fixed = sorted((mode_gamma(m), r) for m, r in rows.items()
-                       if m.startswith("gamma_") and mode_verification(m) == "token")
+                       if m.startswith("gamma_") and mode_verification(m) == "token" and mode_shape(m) == "chain")
         gammas = [g for g, _ in fixed]
         base = rows.get("gamma_0", {}).get("speedup_vs_hf_target", {}).get("median")
         if base:  # the analytic bound is relative to tandem γ=0: put it on the same scale

@@ -17,28 +17,35 @@ HF_LOOKUP_TOKENS = 10
 
 
 BLOCK = "_block"  # a cluster mode's suffix: its requests ask for block verification
+SHAPES = ("_tree", "_auto")  # the last suffix of a mode whose requests ask for that draft shape (else a chain)
 
 
-def cluster_mode(gamma: int | None, verification: str = "token") -> str:
+def cluster_mode(gamma: int | None, verification: str = "token", shape: str = "chain") -> str:
     mode = "adaptive" if gamma is None else f"gamma_{gamma}"
-    return mode + BLOCK if verification == "block" else mode
+    mode += BLOCK if verification == "block" else ""
+    return mode if shape == "chain" else f"{mode}_{shape}"
+
+
+def mode_shape(mode: str) -> str:
+    """The request's draft shape for a cluster mode."""
+    return next((s[1:] for s in SHAPES if mode.endswith(s)), "chain")
 
 
 def mode_gamma(mode: str) -> int | None:
     """The request's gamma for a cluster mode (None: adaptive)."""
-    mode = mode.removesuffix(BLOCK)
+    mode = mode.removesuffix(f"_{mode_shape(mode)}").removesuffix(BLOCK)
     return None if mode == "adaptive" else int(mode.removeprefix("gamma_"))
 
 
 def mode_verification(mode: str) -> str:
-    return "block" if mode.endswith(BLOCK) else "token"
+    return "block" if mode.removesuffix(f"_{mode_shape(mode)}").endswith(BLOCK) else "token"
 
 
 @dataclass
 class Run:
     """One timed generation."""
 
-    mode: str  # one of HF_MODES, or "gamma_<n>" or "adaptive", with "_block" or not
+    mode: str  # one of HF_MODES, or "gamma_<n>" or "adaptive", with "_block" or not, then "_tree", "_auto" or not
     workload: str  # "greedy" or "sampled"
     prompt: int  # index into the prompt list
     token_ids: list[int]
@@ -209,7 +216,7 @@ def hf_waves(hf: HFRunner, prompts: list[list[int]], max_tokens: int, batch: int
 def _request(mode: str, workload: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
     temperature = 0.0 if workload == "greedy" else 1.0
     return {"prompt_token_ids": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "gamma": mode_gamma(mode), "verification": mode_verification(mode)}
+            "gamma": mode_gamma(mode), "verification": mode_verification(mode), "draft_shape": mode_shape(mode)}
 
 
 def cluster_run(client: Client, mode: str, workload: str, index: int, prompt: list[int], max_tokens: int,

@@ -8,6 +8,7 @@ decide one event never correlate with those of another (the exactness argument n
 from enum import IntEnum
 
 _MASK = (1 << 64) - 1
+TREE_NODES = 128  # keys per tree position: a tree's n nodes and its n + 1 rows fit
 
 
 class Purpose(IntEnum):
@@ -17,6 +18,11 @@ class Purpose(IntEnum):
     ACCEPT = 2  # the orchestrator's accept test u < target_prob / draft_prob
     RECOVERED = 3  # the verifier samples the recovered token from the residual
     BONUS = 4  # the verifier samples the bonus token from the target
+    # Token trees (tandem.math.tree), keyed per node by node_uniforms: a node's draw from its
+    # parent's draft distribution, its accept test, and a row's residual (or leaf's bonus) draw.
+    TREE_DRAFT = 5
+    TREE_ACCEPT = 6
+    TREE_RECOVERED = 7
 
 
 def _splitmix64(x: int) -> int:
@@ -35,3 +41,11 @@ def uniform(seed: int, position: int, purpose: Purpose) -> float:
 def uniforms(seed: int, start: int, count: int, purpose: Purpose) -> list[float]:
     """Uniforms for positions start, start+1, ..., start+count-1."""
     return [uniform(seed, start + i, purpose) for i in range(count)]
+
+
+def node_uniforms(seed: int, position: int, count: int, purpose: Purpose) -> list[float]:
+    """Uniforms for the first `count` nodes (or rows) of a token tree whose depth-1 nodes sit at
+    absolute position `position`: keys position · TREE_NODES + i, disjoint from every other tree's."""
+    if count > TREE_NODES:
+        raise ValueError(f"a tree has at most {TREE_NODES} keys per purpose, asked for {count}")
+    return [uniform(seed, position * TREE_NODES + i, purpose) for i in range(count)]

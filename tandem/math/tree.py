@@ -11,39 +11,14 @@ Greedy: from the root, descend to the child that holds the target's argmax while
 one → the path and the target's argmax after it. The output is the target's greedy
 continuation, as with a chain.
 
-Sampled: recursive rejection sampling without replacement (RRSw; Jeon et al. 2024, "Recursive
-Speculative Decoding"), node by node. The draft draws a node's k children from its
-distribution q there without replacement (`draw_without_replacement`). With p the target's
-distribution at the node:
-
-    p_1 = p, q_1 = q
-    child i = 1 … k:  accept x_i with probability min(1, p_i(x_i) / q_i(x_i)), then descend to it;
-                      else p_{i+1} = norm(max(p_i − q_i, 0)), q_{i+1} = q_i without x_i, renormalized
-    none accepted:    the output is drawn from p_{k+1}
-
-Proof sketch (`accept_child` is exact): x_i is drawn from q_i given the children before it,
-whatever was decided about them. So each round is one step of speculative sampling (Leviathan
-et al. 2023): a token drawn from q_i, kept with probability min(1, p_i/q_i), else replaced by a
-draw from norm(max(p_i − q_i, 0)), is distributed as p_i. Round i+1 plays the part of that
-replacement draw: by induction from the last round (a plain draw from p_{k+1}) it yields
-p_{i+1}, so round i yields p_i and the node's output follows p_1 = p. A rejected x_i has
-p_i(x_i) < q_i(x_i), so p_{i+1}(x_i) = 0 and dropping x_i from q_{i+1} loses nothing. Across
-depths: a node's output follows the target given the path to it, and descending into the
-accepted child continues with the target's distribution after that child, so the path and
-the token after it follow the target's joint distribution (the chain's argument, per node).
-Without the residual step (p_{i+1} = p_i) a rejected child is drawn again in later rounds too
-often: `accept_child(..., residual=False)` is the negative control the tests show to be wrong.
-
-Randomness is passed in as uniforms (tandem.math.rng): one accept test per child and one
-residual draw per node, each used only on its own event.
+Sampled: recursive rejection sampling without replacement, node by node
+(tandem.math.tree_sampling, which uses torch) answers each node's accept probability and each
+row's recovered token (`Verdict`); the walk down the tree with one uniform per node is here,
+pure, where the orchestrator decides acceptance.
 """
 
 from dataclasses import dataclass
 from functools import cached_property
-
-import torch
-
-from tandem.math import sampling
 
 
 @dataclass(frozen=True)
@@ -81,7 +56,7 @@ class Tree:
     def depths(self) -> list[int]:
         return depths(self.parents)
 
-    def ancestor_mask(self) -> torch.Tensor:
+    def ancestor_mask(self) -> list[list[bool]]:
         return ancestor_mask(self.parents)
 
     def path(self, node: int) -> list[int]:
@@ -101,71 +76,65 @@ def depths(parents: tuple[int, ...]) -> list[int]:
     return depth
 
 
-def ancestor_mask(parents: tuple[int, ...]) -> torch.Tensor:
-    """[n, n] bool: node i may attend to node j (j is i or one of its ancestors)."""
-    mask = torch.eye(len(parents), dtype=torch.bool)
+def ancestor_mask(parents: tuple[int, ...]) -> list[list[bool]]:
+    """[n][n]: node i may attend to node j (j is i or one of its ancestors)."""
+    mask = [[i == j for j in range(len(parents))] for i in range(len(parents))]
     for i, parent in enumerate(parents):
         if parent >= 0:
-            mask[i] |= mask[parent]
+            mask[i] = [a or b for a, b in zip(mask[i], mask[parent])]
     return mask
 
 
-def greedy_walk(tree: Tree, argmax: list[int]) -> tuple[list[int], int]:
-    """The target's argmax at the root and after each node, argmax [n+1] (index 0: the root,
-    1+i: after node i) → (the accepted path's nodes, the token after it)."""
+def expanded(parents: tuple[int, ...]) -> list[int]:
+    """The nodes that have children, the root (−1) first, in order: one draft distribution each."""
+    return sorted(set(parents))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target says of a tree, O(nodes): the walk (`walk`) needs nothing else.
+
+    accept_probs [n]: node i's probability of acceptance when the walk is at its parent and has
+    rejected its earlier siblings (0 or 1 when greedy). recovered [n+1]: per row (0: the root,
+    1+i: node i), the token the cycle ends with when the walk stops there, every child rejected
+    (a leaf's: drawn from the target after it, the bonus)."""
+
+    accept_probs: list[float]
+    recovered: list[int]
+
+
+def greedy_verdict(tree: Tree, argmax: list[int]) -> Verdict:
+    """argmax [n+1]: the target's argmax at each row → a node is accepted iff it holds its
+    parent's argmax; a walk ends with its row's argmax."""
+    return Verdict([1.0 if t == argmax[p + 1] else 0.0 for t, p in zip(tree.tokens, tree.parents)], list(argmax))
+
+
+def walk(tree: Tree, accept_probs: list[float], u_accept: list[float]) -> list[int]:
+    """From the root, descend to the first child whose test u < its accept probability passes,
+    while there is one → the accepted path's nodes. u_accept [n]: one per node."""
     node, path = -1, []
     while True:
-        token = argmax[node + 1]
-        child = next((c for c in tree.children[node] if tree.tokens[c] == token), None)
-        if child is None:
-            return path, token
-        node = child
-        path.append(child)
-
-
-def draw_without_replacement(q: torch.Tensor, u: torch.Tensor) -> list[int]:
-    """k distinct tokens from q [V], each from q without the ones before it (u [k] float64):
-    what RRSw assumes of a node's children. Fewer when q has fewer than k tokens."""
-    q = q.double().clone()
-    tokens = []
-    for ui in u:
-        if q.sum() <= 0:
-            break
-        token = int(sampling.sample(q, ui))
-        tokens.append(token)
-        q[token] = 0
-    return tokens
-
-
-def accept_child(p: torch.Tensor, q: torch.Tensor, children: list[int], u_accept: torch.Tensor,
-                 u_residual: torch.Tensor, residual: bool = True) -> tuple[int | None, int]:
-    """RRSw at one node (the module's docstring). p, q [V]: the target's and the draft's
-    distributions there; children: the tokens drawn from q without replacement; u_accept [k]
-    and u_residual [] float64 → (the index of the accepted child, or None, and the output
-    token). residual=False skips the residual step: wrong, kept as the tests' negative control."""
-    p, q = p.double().clone(), q.double().clone()  # [V]
-    for i, token in enumerate(children):
-        q_token = q[token]
-        if q_token > 0 and u_accept[i] < min(1.0, float(p[token] / q_token)):
-            return i, token
-        if residual:
-            p = sampling.residual(p, q)  # the target itself where it is q: that rejection had probability 0
-        q[token] = 0
-        q = q / q.sum().clamp(min=1e-300)
-    return None, int(sampling.sample(p, u_residual))
-
-
-def sampled_walk(tree: Tree, target: torch.Tensor, draft: torch.Tensor, u_accept: torch.Tensor,
-                 u_residual: torch.Tensor, residual: bool = True) -> tuple[list[int], int]:
-    """RRSw down the tree. target, draft [n+1, V]: the distributions at the root (row 0) and
-    after each node (row 1+i); u_accept [n] (node i's accept test as a child), u_residual [n+1]
-    (a row's residual draw) float64 → (the accepted path's nodes, the token after it)."""
-    node, path = -1, []
-    while True:
-        kids = tree.children[node]
-        chosen, token = accept_child(target[node + 1], draft[node + 1], [tree.tokens[c] for c in kids],
-                                     u_accept[kids], u_residual[node + 1], residual)
-        if chosen is None:
-            return path, token
-        node = kids[chosen]
+        node = next((c for c in tree.children[node] if u_accept[c] < accept_probs[c]), None)
+        if node is None:
+            return path
         path.append(node)
+
+
+def outcome(tree: Tree, v: Verdict, u_accept: list[float]) -> tuple[list[int], int]:
+    """→ (the accepted path's nodes, the token after it)."""
+    path = walk(tree, v.accept_probs, u_accept)
+    return path, v.recovered[path[-1] + 1 if path else 0]
+
+
+def widths_at(widths: tuple[int, ...], depth: int) -> tuple[int, ...]:
+    """A tree's widths `depth` deep: the given ones, then 1 (a chain under every node)."""
+    return (tuple(widths) + (1,) * depth)[:depth]
+
+
+def size(widths: tuple[int, ...]) -> int:
+    """The nodes of a tree whose every node at depth d has widths[d] children."""
+    total, level = 0, 1
+    for width in widths:
+        level *= width
+        total += level
+    return total

@@ -10,9 +10,20 @@ class Verification(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERIFICATION_UNSPECIFIED: _ClassVar[Verification]
     VERIFICATION_TOKEN: _ClassVar[Verification]
     VERIFICATION_BLOCK: _ClassVar[Verification]
+
+class DraftShape(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRAFT_SHAPE_UNSPECIFIED: _ClassVar[DraftShape]
+    DRAFT_SHAPE_CHAIN: _ClassVar[DraftShape]
+    DRAFT_SHAPE_TREE: _ClassVar[DraftShape]
+    DRAFT_SHAPE_AUTO: _ClassVar[DraftShape]
 VERIFICATION_UNSPECIFIED: Verification
 VERIFICATION_TOKEN: Verification
 VERIFICATION_BLOCK: Verification
+DRAFT_SHAPE_UNSPECIFIED: DraftShape
+DRAFT_SHAPE_CHAIN: DraftShape
+DRAFT_SHAPE_TREE: DraftShape
+DRAFT_SHAPE_AUTO: DraftShape
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import sampling_pb2 as tandem_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\xfc\x01\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcc\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\"\xeb\x02\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x12-\n\x0cverification\x18\x08 \x01(\x0e\x32\x17.tandem.v1.Verification\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x1a\n\x12\x62lock_accept_probs\x18\x07 \x03(\x02\"s\n\x08\x42\x61tching\x12\x0e\n\x06passes\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63ost_ms\x18\x05 \x01(\x01\x12\x13\n\x0bhandling_ms\x18\x06 \x01(\x01\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\x91\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\"\r\n\x0bLoadRequest\"F\n\nWorkerLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xd2\x02\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoad2\xcf\x02\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\x91\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x12\x13\n\x0btree_widths\x18\x07 \x03(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe3\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x15\n\rdraft_parents\x18\x07 \x03(\x05\"\x82\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x12-\n\x0cverification\x18\x08 \x01(\x0e\x32\x17.tandem.v1.Verification\x12\x15\n\rdraft_parents\x18\t \x03(\x05\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x02\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x1a\n\x12\x62lock_accept_probs\x18\x07 \x03(\x02\x12\x19\n\x11tree_accept_probs\x18\x08 \x03(\x02\x12\x1d\n\x15tree_recovered_tokens\x18\t \x03(\x05\x12\x11\n\tkept_path\x18\n \x03(\x05\"s\n\x08\x42\x61tching\x12\x0e\n\x06passes\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63ost_ms\x18\x05 \x01(\x01\x12\x13\n\x0bhandling_ms\x18\x06 \x01(\x01\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\x91\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\"\r\n\x0bLoadRequest\"F\n\nWorkerLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xd2\x02\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoad2\xcf\x02\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,33 +37,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_PROPOSEREQUEST']._serialized_start=64
-  _globals['_PROPOSEREQUEST']._serialized_end=316
-  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_start=265
-  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_end=316
-  _globals['_PROPOSERESPONSE']._serialized_start=319
-  _globals['_PROPOSERESPONSE']._serialized_end=523
-  _globals['_VERIFYREQUEST']._serialized_start=526
-  _globals['_VERIFYREQUEST']._serialized_end=889
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=265
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=316
-  _globals['_VERIFYRESPONSE']._serialized_start=892
-  _globals['_VERIFYRESPONSE']._serialized_end=1090
-  _globals['_BATCHING']._serialized_start=1092
-  _globals['_BATCHING']._serialized_end=1207
-  _globals['_RELEASEREQUEST']._serialized_start=1209
-  _globals['_RELEASEREQUEST']._serialized_end=1245
-  _globals['_RELEASERESPONSE']._serialized_start=1247
-  _globals['_RELEASERESPONSE']._serialized_end=1282
-  _globals['_DESCRIBEREQUEST']._serialized_start=1284
-  _globals['_DESCRIBEREQUEST']._serialized_end=1301
-  _globals['_MODELINFO']._serialized_start=1304
-  _globals['_MODELINFO']._serialized_end=1449
-  _globals['_LOADREQUEST']._serialized_start=1451
-  _globals['_LOADREQUEST']._serialized_end=1464
-  _globals['_WORKERLOAD']._serialized_start=1466
-  _globals['_WORKERLOAD']._serialized_end=1536
-  _globals['_DRAFTWORKER']._serialized_start=1539
-  _globals['_DRAFTWORKER']._serialized_end=1877
-  _globals['_TARGETVERIFIER']._serialized_start=1880
-  _globals['_TARGETVERIFIER']._serialized_end=2215
+  _globals['_PROPOSEREQUEST']._serialized_end=337
+  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_start=286
+  _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_end=337
+  _globals['_PROPOSERESPONSE']._serialized_start=340
+  _globals['_PROPOSERESPONSE']._serialized_end=567
+  _globals['_VERIFYREQUEST']._serialized_start=570
+  _globals['_VERIFYREQUEST']._serialized_end=956
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=286
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=337
+  _globals['_VERIFYRESPONSE']._serialized_start=959
+  _globals['_VERIFYRESPONSE']._serialized_end=1234
+  _globals['_BATCHING']._serialized_start=1236
+  _globals['_BATCHING']._serialized_end=1351
+  _globals['_RELEASEREQUEST']._serialized_start=1353
+  _globals['_RELEASEREQUEST']._serialized_end=1389
+  _globals['_RELEASERESPONSE']._serialized_start=1391
+  _globals['_RELEASERESPONSE']._serialized_end=1426
+  _globals['_DESCRIBEREQUEST']._serialized_start=1428
+  _globals['_DESCRIBEREQUEST']._serialized_end=1445
+  _globals['_MODELINFO']._serialized_start=1448
+  _globals['_MODELINFO']._serialized_end=1593
+  _globals['_LOADREQUEST']._serialized_start=1595
+  _globals['_LOADREQUEST']._serialized_end=1608
+  _globals['_WORKERLOAD']._serialized_start=1610
+  _globals['_WORKERLOAD']._serialized_end=1680
+  _globals['_DRAFTWORKER']._serialized_start=1683
+  _globals['_DRAFTWORKER']._serialized_end=2021
+  _globals['_TARGETVERIFIER']._serialized_start=2024
+  _globals['_TARGETVERIFIER']._serialized_end=2359
 # @@protoc_insertion_point(module_scope)

@@ -29,6 +29,13 @@ def verification_mode_from_pb(value: int) -> str:
     return _VERIFICATION_OF_PB[value]
 
 
+# What a cycle drafts (tandem.v1.DraftShape); "" means the server's default.
+_SHAPE_PB = {"": sampling_pb2.DRAFT_SHAPE_UNSPECIFIED, "chain": sampling_pb2.DRAFT_SHAPE_CHAIN,
+             "tree": sampling_pb2.DRAFT_SHAPE_TREE, "auto": sampling_pb2.DRAFT_SHAPE_AUTO}
+_SHAPE_OF_PB = {v: k for k, v in _SHAPE_PB.items()}
+DRAFT_SHAPES = ("chain", "tree", "auto")
+
+
 @dataclass
 class GenerationRequest:
     """A decoded GenerateRequest; None marks a field the client left unset."""
@@ -42,6 +49,7 @@ class GenerationRequest:
     seed: int | None = None
     gamma: int | None = None
     verification: str = ""  # "token", "block", or "" for the server's default
+    draft_shape: str = ""  # "chain", "tree", "auto", or "" for the server's default
 
 
 def _opt(msg, name):
@@ -51,6 +59,7 @@ def _opt(msg, name):
 def generation_request_to_pb(req: GenerationRequest) -> generation_pb2.GenerateRequest:
     kwargs = {k: v for k, v in vars(req).items() if v is not None}
     kwargs["verification"] = verification_mode_to_pb(req.verification)
+    kwargs["draft_shape"] = _SHAPE_PB[req.draft_shape]
     return generation_pb2.GenerateRequest(**kwargs)
 
 
@@ -73,10 +82,14 @@ def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> Generatio
         verification = verification_mode_from_pb(msg.verification)
     except ValueError as e:
         raise invalid("verification", f"{e}: use VERIFICATION_TOKEN or VERIFICATION_BLOCK") from None
+    if msg.draft_shape not in _SHAPE_OF_PB:
+        raise invalid("draft_shape", f"unknown draft shape {msg.draft_shape}: use DRAFT_SHAPE_CHAIN, "
+                      "DRAFT_SHAPE_TREE or DRAFT_SHAPE_AUTO")
     return GenerationRequest(
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,
         temperature=_opt(msg, "temperature"), top_k=_opt(msg, "top_k"), top_p=_opt(msg, "top_p"),
         seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"), verification=verification,
+        draft_shape=_SHAPE_OF_PB[msg.draft_shape],
     )
 
 

@@ -58,6 +58,7 @@ class Proposal:
     draft_distributions: list  # opaque compact messages, forwarded to the verifier as they are
     compute_ms: float
     batching: Batching = field(default_factory=Batching)
+    parents: list[int] = field(default_factory=list)  # a token tree's (tandem.math.tree); empty: a chain
 
 
 @dataclass
@@ -70,6 +71,10 @@ class Verification:
     compute_ms: float
     batching: Batching = field(default_factory=Batching)
     block_accept_probs: list[float] = field(default_factory=list)  # block verification's h, else empty
+    # Token trees (tandem.math.tree.Verdict), else empty: per node, per row, and the kept path.
+    tree_accept_probs: list[float] = field(default_factory=list)
+    tree_recovered_tokens: list[int] = field(default_factory=list)
+    kept_path: list[int] = field(default_factory=list)
 
 
 def _batching_to_pb(b: Batching) -> worker_pb2.Batching:
@@ -81,10 +86,11 @@ def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
     return Batching(msg.passes, msg.tokens, msg.sessions, msg.wait_ms, msg.cost_ms, msg.handling_ms)
 
 
-def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None) -> worker_pb2.ProposeRequest:
+def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None,
+                    tree_widths=()) -> worker_pb2.ProposeRequest:
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
-        sampling=sampling_to_pb(params), trace_context=trace_context,
+        sampling=sampling_to_pb(params), trace_context=trace_context, tree_widths=tree_widths,
     )
 
 
@@ -97,6 +103,7 @@ def propose_response(proposal: Proposal | None) -> worker_pb2.ProposeResponse:
         draft_distributions=proposal.draft_distributions,
         compute_ms=proposal.compute_ms,
         batching=_batching_to_pb(proposal.batching),
+        draft_parents=proposal.parents,
     )
 
 
@@ -105,7 +112,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
         return None
     return Proposal(
         list(msg.draft_tokens), list(msg.draft_token_probs), list(msg.draft_distributions),
-        msg.compute_ms, _batching_from_pb(msg.batching),
+        msg.compute_ms, _batching_from_pb(msg.batching), list(msg.draft_parents),
     )
 
 
@@ -118,6 +125,7 @@ def verify_request(
         draft_distributions=proposal.draft_distributions if proposal else [],
         sampling=sampling_to_pb(params), trace_context=trace_context,
         verification=verification_mode_to_pb(verification),
+        draft_parents=proposal.parents if proposal else [],
     )
 
 
@@ -131,6 +139,9 @@ def verify_response(verification: Verification | None) -> worker_pb2.VerifyRespo
         compute_ms=verification.compute_ms,
         batching=_batching_to_pb(verification.batching),
         block_accept_probs=verification.block_accept_probs,
+        tree_accept_probs=verification.tree_accept_probs,
+        tree_recovered_tokens=verification.tree_recovered_tokens,
+        kept_path=verification.kept_path,
     )
 
 
@@ -139,7 +150,8 @@ def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
         return None
     return Verification(
         list(msg.target_token_probs), list(msg.recovered_tokens), msg.bonus_token, msg.compute_ms,
-        _batching_from_pb(msg.batching), list(msg.block_accept_probs),
+        _batching_from_pb(msg.batching), list(msg.block_accept_probs), list(msg.tree_accept_probs),
+        list(msg.tree_recovered_tokens), list(msg.kept_path),
     )
 
 
