@@ -12,7 +12,8 @@ tree's is a path γ deep).
 
 Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
 cost of its drafting cycles, and drafts the shape that has given more tokens per millisecond,
-trying the other one every `probe_every` cycles so that its measure stays current.
+trying the other one every `probe_every` cycles so that its measure stays current. Cycles that
+prefill a worker do not count.
 
 The load. The workers batch: one forward pass runs the steps of every session waiting for it,
 and costs about intercept + slope · (its tokens, all sessions'). The workers say, per call, which
@@ -213,6 +214,11 @@ class GammaPolicy:
         self.verify_call_ms = self._ewma(self.verify_call_ms, c.verify_call_ms)
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
+        # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:
+        # charged to the shape that happened to run it, it kept sessions on the other one. A steady
+        # cycle feeds the last path and the token after it at most.
+        if max(c.draft_fed, c.verify_fed) > self.max_gamma + 1:
+            return
         cost = (c.draft_cost_ms + c.draft_call_ms + c.draft_latency_ms + c.verify_cost_ms + c.verify_call_ms
                 + c.overhead_ms + c.latency_ms)
         shape = "tree" if c.tree else "chain"

@@ -55,37 +55,39 @@ def propose_tree(
     """The job that drafts a token tree after the committed sequence → a Proposal with parents
     (tandem.math.tree): every node at depth d gets widths[d−1] children, its draft's top tokens
     (greedy) or as many drawn from its draft distribution without replacement (sampled: what the
-    verifier's recursive rejection sampling assumes). One step per depth, each running the whole
-    tree so far under its tree mask (one pass, however wide), so that a node's logits see exactly
-    its path. Raises CacheMiss.
+    verifier's recursive rejection sampling assumes). One step per depth runs that depth's nodes
+    after the earlier ones in the cache, under the tree mask (one pass, however wide), so that a
+    node's logits see exactly its path. Raises CacheMiss.
 
-    The cache ends holding the committed tokens (the tree's branches are not kept: the verifier
-    knows the path, the next call feeds it).
+    The cache ends holding the committed tokens and the tree's nodes but the last depth's; the
+    next call's cache_len keeps the committed ones (the verifier knows the path, the next call
+    feeds it).
     """
     position = cache_len + len(tokens)  # absolute position of the depth-1 nodes
-    total = tree.size(widths)
-    u = node_uniforms(params.seed, position, total, Purpose.TREE_DRAFT) if not params.greedy else []
-    frontier = [(-1, (yield step(session_id, cache_len, tokens, keep=1))[0])]  # (node, its logits [V])
+    u = [] if params.greedy else node_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT)
+    logits = yield step(session_id, cache_len, tokens, keep=1)  # [1, V]: the root's
+    frontier = [-1]  # the nodes whose children the next depth draws, one row of logits each
     drafted, parents, token_probs, dists = [], [], [], []
     for depth, width in enumerate(widths):
-        level = []
-        for node, logits in frontier:
-            if params.greedy:
-                children = logits.topk(min(width, logits.shape[-1])).indices.tolist()
-                probs = None
-            else:
-                probs = warp(logits, params)  # [V]
-                draws = torch.tensor(u[len(drafted):len(drafted) + width], dtype=torch.float64)  # node-keyed
-                children = draw_without_replacement(probs, draws)
-                dists.append(probs)
-            for token in children:
-                level.append(len(drafted))
-                drafted.append(token)
-                parents.append(node)
-                token_probs.append(1.0 if probs is None else float(probs[token]))
-        if depth + 1 < len(widths):
-            logits = yield step(session_id, position, list(drafted), keep=len(level), parents=tuple(parents))
-            frontier = list(zip(level, logits))
+        if params.greedy:  # each node's top tokens; one-hot drafts need no distributions
+            children = logits.topk(min(width, logits.shape[-1]), -1).indices.tolist()  # [F][width]
+            probs = [None] * len(frontier)
+        else:
+            probs = warp(logits, params)  # [F, V]
+            dists.extend(probs)
+            children = []
+            for row in probs:
+                draws = torch.tensor(u[len(drafted) + sum(map(len, children)):][:width], dtype=torch.float64)
+                children.append(draw_without_replacement(row, draws))  # the draws keyed by the nodes they make
+        start = len(drafted)
+        for node, kids, row in zip(frontier, children, probs):
+            drafted.extend(kids)
+            parents.extend([node] * len(kids))
+            token_probs.extend([1.0] * len(kids) if row is None else row[kids].tolist())
+        frontier = list(range(start, len(drafted)))
+        if depth + 1 < len(widths):  # this depth's nodes after the earlier ones, which the cache holds
+            logits = yield step(session_id, position + start, drafted[start:], keep=len(frontier),
+                                parents=tuple(parents))  # [F, V]
     packed = [] if params.greedy else distributions.pack(torch.stack(dists))
     return wire.Proposal(drafted, token_probs, packed, 0.0, parents=parents)
 

@@ -19,7 +19,7 @@ from tandem.services import draft_worker
 from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.draft_worker import DraftWorkerServicer
 from tandem.services.ngram import Lookup, NgramRuntime, one_hot
-from tandem.services.runtime import CacheMiss, ModelRuntime, Step, chain_part
+from tandem.services.runtime import CacheMiss, ModelRuntime, Step
 from tandem.v1 import worker_pb2_grpc
 
 
@@ -50,7 +50,7 @@ class HybridRuntime(NgramRuntime):
     def extend_batch(self, steps: list[Step]) -> list:
         """Every step crops and extends its session's list (→ the list, as NgramRuntime's); a
         ModelStep also runs through the model in one pass with the others (→ its logits)."""
-        results = super().extend_batch([chain_part(step) for step in steps])
+        results = super().extend_batch(steps)
         runs = []  # (index, model step)
         for i, (step, result) in enumerate(zip(steps, results)):
             if isinstance(result, CacheMiss):
@@ -62,7 +62,7 @@ class HybridRuntime(NgramRuntime):
             for (i, step), out in zip(runs, self.model.extend_batch([step for _, step in runs])):
                 results[i] = out
                 if not isinstance(out, CacheMiss):
-                    self._fed[step.session_id] = step.cache_len + len(chain_part(step).tokens)
+                    self._fed[step.session_id] = step.cache_len + len(step.tokens)
         return results
 
     def release(self, session_id: str) -> bool:

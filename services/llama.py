@@ -84,10 +84,11 @@ class KVBuffer:
 @dataclass
 class Feed:
     """One session's part of a forward pass: tokens at positions start.. over the first `start`
-    positions of its cache; logits wanted for the last `keep`. With `parents`, the tokens are a
-    token tree's nodes (tandem.math.tree: node i under parents[i], −1 under the cache's last
-    token): each sees the cache and its own ancestors, at position start + its depth − 1, and its
-    keys and values are written at start + i."""
+    positions of its cache; logits wanted for the last `keep`. With `parents` (a token tree's,
+    tandem.math.tree: node i under parents[i], −1 under the root, the last committed token), the
+    tokens are the tree's last nodes, and the cache holds its earlier ones just before them,
+    from the root's next position r = start − (earlier nodes) on: node i's keys and values sit
+    at r + i, and it sees the committed tokens and its own ancestors, at position r + its depth − 1."""
 
     cache: Any  # the pass's: a KVBuffer, or a DynamicCache for Hugging Face's
     start: int
@@ -95,18 +96,23 @@ class Feed:
     keep: int
     parents: tuple[int, ...] | None = None
 
+    @property
+    def root(self) -> int:
+        """Where a tree's first node sits in the cache (the committed tokens end there)."""
+        return self.start - (len(self.parents) - len(self.tokens))
+
     def positions(self) -> list[int]:
         """The tokens' absolute positions (rotary embedding)."""
         if self.parents is None:
             return list(range(self.start, self.start + len(self.tokens)))
-        return [self.start + d - 1 for d in tree.depths(self.parents)]
+        return [self.root + d - 1 for d in tree.depths(self.parents)[-len(self.tokens):]]
 
     def visible(self, device: torch.device) -> torch.Tensor:
         """[n, start+n] bool on device: the keys each token may attend to."""
         n = len(self.tokens)
         allowed = torch.ones(n, self.start + n, dtype=torch.bool, device=device).tril(self.start)
         if self.parents is not None:
-            allowed[:, self.start:] = torch.tensor(tree.ancestor_mask(self.parents), device=device)
+            allowed[:, self.root:] = torch.tensor(tree.ancestor_mask(self.parents)[-n:], device=device)
         return allowed
 
 

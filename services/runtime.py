@@ -214,7 +214,7 @@ class ModelRuntime:
                 self.release(step.session_id)
             raise
         for (i, step, session), out in zip(runnable, logits):
-            session.length = step.cache_len + len(chain_part(step).tokens)
+            session.length = step.cache_len + len(step.tokens)
             session.nbytes = self.forward_pass.cache_nbytes(session.cache)
             results[i] = out
         self._evict(keep={step.session_id for step in steps})
@@ -255,15 +255,6 @@ class ModelRuntime:
                 if oldest in keep:
                     break
                 del self._sessions[oldest]
-
-
-def chain_part(step: Step) -> Step:
-    """The step as a chain: a tree's nodes before the first one that is not its predecessor's
-    child (what a cache holds as committed-looking tokens after the tree's pass); a chain itself."""
-    if step.parents is None:
-        return step
-    length = next((i for i, parent in enumerate(step.parents) if parent != i - 1), len(step.parents))
-    return Step(step.session_id, step.cache_len, step.tokens[:length], step.keep)
 
 
 def gemm_friendly_layout(model: torch.nn.Module) -> None:

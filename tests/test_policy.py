@@ -391,3 +391,14 @@ def test_auto_shape_tries_both_then_drafts_the_faster_and_probes_the_other():
     assert [policy.choose_tree() for _ in range(1)] == [False]
     fresh = policy.with_fresh_acceptance()
     assert (fresh.chain_ms, fresh.tree_ms) == (0.0, 0.0) and not fresh.choose_tree()
+
+
+def test_a_prefilling_cycle_does_not_count_for_its_shape():
+    """The first cycle feeds the prompt: its cost says nothing about chains against trees."""
+    policy = GammaPolicy()
+    prefill = CycleCosts(gamma=4, accepted=2, draft_cost_ms=90.0, draft_call_ms=0.0, verify_cost_ms=200.0,
+                         verify_call_ms=0.0, overhead_ms=1.0, draft_fed=60, verify_fed=60)
+    policy.observe(prefill, output_tokens=3)
+    assert (policy.chain_ms, policy.chain_tokens) == (0.0, 0.0) and not policy.choose_tree()
+    policy.observe(shape_cycle(False, 10.0), output_tokens=3)
+    assert policy.chain_tokens == 3 and policy.choose_tree()

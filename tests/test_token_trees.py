@@ -208,15 +208,15 @@ def test_greedy_output_through_trees_is_the_targets(workers, redis_url, pair, ta
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
             out = {}
             for i, gamma in enumerate((3, None)):
-                prompt = pair["prompts"][7 + i]
-                s = await open_session(loop, f"tree-greedy-{shape}-{gamma}", prompt, GREEDY, 24, gamma)
+                context = pair["prompts"][7 + i]
+                s = await open_session(loop, f"tree-greedy-{shape}-{gamma}", context, GREEDY, 24, gamma)
                 s.draft_shape = shape
-                out[gamma] = (prompt, await generate(loop, s), s.stats)
+                out[gamma] = (context, await generate(loop, s), s.stats)
                 await release(loop, s)
             return out
 
-    for gamma, (prompt, tokens, stats) in asyncio.run(run()).items():
-        assert tokens == hf_greedy_continuation(target_model, prompt, 24), f"gamma {gamma}"
+    for gamma, (context, tokens, stats) in asyncio.run(run()).items():
+        assert tokens == hf_greedy_continuation(target_model, context, 24), f"gamma {gamma}"
         trees = [c for c in stats.per_cycle if c.gamma > (gamma or 8)]  # more nodes than a chain's γ
         assert trees, "some cycles should have drafted trees"
 
@@ -224,8 +224,8 @@ def test_greedy_output_through_trees_is_the_targets(workers, redis_url, pair, ta
 def test_sampled_first_token_through_trees_follows_the_target(workers, redis_url, pair, target_model):
     """The first token's χ² over many seeds, each first cycle a tree of depth 3 (2 + 4 + 4 nodes)
     verified by recursive rejection sampling without replacement."""
-    prompt = pair["prompts"][6]
-    results = sampled_first_tokens(workers["draft"], workers["target"], redis_url, pair["eos"], prompt, 300, "token",
-                                   "tree", draft_shape="tree")
+    context = pair["prompts"][6]
+    results = sampled_first_tokens(workers["draft"], workers["target"], redis_url, pair["eos"], context, 300,
+                                   "token", "tree", draft_shape="tree")
     assert all(gamma == 10 for _, gamma in results), "every first cycle should have drafted a full tree"
-    assert_first_tokens_follow_the_target(target_model, prompt, [token for token, _ in results])
+    assert_first_tokens_follow_the_target(target_model, context, [token for token, _ in results])

@@ -178,7 +178,7 @@ def drafters_plot(passes: dict[str, dict], path: Path) -> None:
     for ax, workload in zip(axes[0], workloads):
         bars = [(label(m), r["speedup_vs_hf_target"], "C3") for m, r in passes[first]["workloads"][workload].items()
                 if m in ("hf_assisted", "hf_lookup")]  # (name, spread, colour)
-        bars += [(f"{drafter}: {label(m).removeprefix('tandem ').removesuffix(', block verification')}",
+        bars += [(f"{drafter}: {label(m).removeprefix('tandem ').replace(', block verification', '')}",
                   r["speedup_vs_hf_target"], f"C{i}") for i, (drafter, results) in enumerate(passes.items())
                  for m, r in results["workloads"][workload].items() if not m.startswith("hf_")]
         medians = [s["median"] for _, s, _ in bars]
