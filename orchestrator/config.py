@@ -101,4 +101,3 @@ def api_key_digest(api_key: str | None) -> str | None:
     if not api_key.isprintable() or len(api_key) > 4096:
         raise ValueError("the API key must be printable and at most 4096 characters")
     return hashlib.sha256(api_key.encode()).hexdigest()
-

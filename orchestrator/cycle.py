@@ -108,7 +108,6 @@ class _FirstCall(NamedTuple):
     task: asyncio.Future  # → Reply
     span: trace.Span  # the cycle's span, ended after its commit
     drafted_ahead: bool = False  # the block came from the last cycle's draft-ahead: no draft call
-    tree_widths: tuple[int, ...] = ()  # the draft asked for: a tree's; empty: a chain
 
 
 @dataclass
@@ -166,7 +165,7 @@ class SpeculativeLoop:
         else:
             task = asyncio.ensure_future(self._propose(s, gamma, here, widths) if gamma
                                          else self._verify(s, None, here))
-        return _FirstCall(gamma, time.perf_counter(), task, span, bool(block), widths)
+        return _FirstCall(gamma, time.perf_counter(), task, span, bool(block))
 
     @staticmethod
     def _tree_widths(s: Session, gamma: int) -> tuple[int, ...]:
@@ -204,10 +203,11 @@ class SpeculativeLoop:
         draft = await call.task if call.gamma else None
         proposal = draft.answer if draft else None
         gamma = len(proposal.draft_tokens) if proposal else 0  # drafted tokens: a tree's nodes
-        # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
+        branched = bool(proposal and proposal.parents)  # a token tree (the drafter may answer a chain)
+        # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead (a chain).
         alone = self.in_flight == 1  # the draft worker would otherwise idle through the verify
-        chain = gamma and not proposal.parents
-        ahead = self._draft_ahead(s, proposal, here) if chain and self.draft_ahead and alone else None
+        ahead = (self._draft_ahead(s, proposal, here)
+                 if gamma and not branched and self.draft_ahead and alone else None)
         try:
             verify = await self._verify(s, proposal, here) if call.gamma else await call.task
         except BaseException:
@@ -219,7 +219,7 @@ class SpeculativeLoop:
         #    the block's prefix jointly where the verifier answered block verification's h, or a
         #    token tree's path.
         position = len(s.tokens)
-        if gamma and not chain:
+        if branched:
             accepted, new, kept = _walk(s, proposal, verdict, position)
         else:
             accepted, new = _accept(s, proposal, verdict, position)
@@ -236,14 +236,14 @@ class SpeculativeLoop:
             s.cache_lens["draft"] = len(s.tokens)
         elif ahead_reply:
             s.cache_lens["draft"] = position + accepted
-        elif chain:
+        elif gamma and not branched:
             s.cache_lens["draft"] = position + min(accepted, gamma - 1)
         elif proposal:  # a tree, or a drafter that proposed nothing (no n-gram match): the committed tokens
             s.cache_lens["draft"] = position
         # 6. Teach the policy what the cycle measured, and start the next cycle's first call:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
         record = _measure(s, began, call, gamma, accepted, len(new), draft, verify, ahead_reply)
-        depth = len(call.tree_widths) if gamma and not chain else 0  # a tree's; 0: a chain
+        depth = max(tree.depths(proposal.parents)) if branched else 0  # a tree's γ; 0: a chain
         s.policy.observe(_costs(record, draft, verify, self.cpu.count(), depth), len(new))
         following = None if s.finish_reason else self._launch(s, parent, block)
         call.span.set_attributes({

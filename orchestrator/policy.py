@@ -221,9 +221,11 @@ class GammaPolicy:
             return
         cost = (c.draft_cost_ms + c.draft_call_ms + c.draft_latency_ms + c.verify_cost_ms + c.verify_call_ms
                 + c.overhead_ms + c.latency_ms)
-        shape = "tree" if c.tree else "chain"
-        setattr(self, f"{shape}_tokens", self.decay * getattr(self, f"{shape}_tokens") + output_tokens)
-        setattr(self, f"{shape}_ms", self.decay * getattr(self, f"{shape}_ms") + cost)
+        d = self.decay
+        if c.tree:
+            self.tree_tokens, self.tree_ms = d * self.tree_tokens + output_tokens, d * self.tree_ms + cost
+        else:
+            self.chain_tokens, self.chain_ms = d * self.chain_tokens + output_tokens, d * self.chain_ms + cost
         self.shape_streak = self.shape_streak + 1 if c.tree == self.last_tree else 1
         self.last_tree = c.tree
 

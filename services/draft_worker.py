@@ -97,10 +97,15 @@ def is_tree(widths: list[int]) -> bool:
     return any(w > 1 for w in widths)
 
 
-def check_tree_widths(widths: list[int], gamma: int) -> int:
-    """A request's tree_widths → the tree's nodes (0: none asked for), or INVALID_ARGUMENT."""
+def drafted(request) -> int:
+    """The tokens a checked ProposeRequest asks for: gamma, or its tree's nodes."""
+    return tree.size(list(request.tree_widths)) if request.tree_widths else request.gamma
+
+
+def check_tree_widths(widths: list[int], gamma: int) -> None:
+    """A request's tree_widths, or INVALID_ARGUMENT naming them."""
     if not widths:
-        return 0
+        return
     if len(widths) != gamma:
         raise invalid("tree_widths", f"need one width per depth: {gamma} (gamma), got {len(widths)}")
     if min(widths) < 1:
@@ -108,7 +113,6 @@ def check_tree_widths(widths: list[int], gamma: int) -> int:
     nodes = tree.size(widths)
     if nodes > MAX_GAMMA:
         raise invalid("tree_widths", f"the tree has {nodes} nodes; at most {MAX_GAMMA}")
-    return nodes
 
 
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
@@ -119,8 +123,8 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
             self.check_sequence(request.session_id, request.cache_len, request.tokens)
             if not 1 <= request.gamma <= MAX_GAMMA:
                 raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
-            drafted = check_tree_widths(list(request.tree_widths), request.gamma) or request.gamma
-            end = request.cache_len + len(request.tokens) + drafted - 1
+            check_tree_widths(list(request.tree_widths), request.gamma)
+            end = request.cache_len + len(request.tokens) + drafted(request) - 1
             check_context("gamma", end, self.runtime.info.max_context)
             params = self.check_sampling(request.sampling)
             job, probs = self.draft(request, params)
@@ -133,8 +137,12 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         widths = list(request.tree_widths)
         args = (request.session_id, request.cache_len, list(request.tokens))
         job = propose_tree(*args, widths, params) if is_tree(widths) else propose(*args, request.gamma, params)
-        drafted = tree.size(widths) if widths else request.gamma
-        return job, 0 if params.greedy else drafted * self.runtime.info.vocab_size
+        return job, self.returned_probs(request, params)
+
+    def returned_probs(self, request, params: SamplingParams) -> int:
+        """How many probabilities a checked request's answer holds at most: the draft's whole
+        distribution per drafted token when sampling, none when greedy."""
+        return 0 if params.greedy else drafted(request) * self.runtime.info.vocab_size
 
     async def ProposeStream(self, requests, context):
         async for request in requests:

@@ -13,7 +13,6 @@ context alone, so verification stays exact either way (ARCHITECTURE.md: one-hot 
 
 from dataclasses import dataclass, replace
 
-from tandem.math import tree
 from tandem.math.params import SamplingParams
 from tandem.services import draft_worker
 from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
@@ -96,8 +95,7 @@ class HybridDraftServicer(DraftWorkerServicer):
         widths = list(request.tree_widths)
         job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params,
                       self.runtime, widths)
-        drafted = tree.size(widths) if widths else request.gamma
-        return job, 0 if params.greedy else drafted * self.runtime.info.vocab_size
+        return job, self.returned_probs(request, params)
 
 
 def add_to_server(runtime: HybridRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:

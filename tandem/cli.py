@@ -398,12 +398,8 @@ def cmd_bench(args) -> None:
     except ValueError:
         raise SystemExit("tandem bench: --gammas and --concurrency take '0-8' or '1,2,4'") from None
     workloads = args.workloads.split(",")
-    verifications = args.verification.split(",")
-    if not verifications or not set(verifications) <= set(VERIFICATIONS):
-        raise SystemExit("tandem bench: --verification is token, block or token,block")
-    shapes = args.draft_shape.split(",")
-    if not shapes or not set(shapes) <= set(DRAFT_SHAPES):
-        raise SystemExit(f"tandem bench: --draft-shape is one or more of {','.join(DRAFT_SHAPES)}")
+    verifications = _some_of(args.verification, VERIFICATIONS, "--verification")
+    shapes = _some_of(args.draft_shape, DRAFT_SHAPES, "--draft-shape")
     if not set(workloads) <= {"greedy", "sampled"} or not gammas or min(gammas) < 0 or min(concurrency, default=1) < 1:
         raise SystemExit("tandem bench: --workloads is greedy,sampled; gammas >= 0; concurrency >= 1")
     try:
@@ -412,9 +408,9 @@ def cmd_bench(args) -> None:
         raise SystemExit(f"tandem bench: {e}") from None
     if args.tracing_overhead:
         return _bench_tracing(args, draft, target, prompts)
-    drafters = args.drafter.split(",")
-    if not drafters or not set(drafters) <= set(DRAFTERS) or (args.address and len(drafters) > 1):
-        raise SystemExit(f"tandem bench: --drafter is one or more of {','.join(DRAFTERS)} (one with --address)")
+    drafters = _some_of(args.drafter, DRAFTERS, "--drafter")
+    if args.address and len(drafters) > 1:
+        raise SystemExit("tandem bench: --drafter names one drafter with --address (that cluster's)")
     config = BenchConfig(draft, target, prompts, max_tokens=args.max_tokens, gammas=gammas,
                          adaptive=not args.no_adaptive, workloads=workloads, concurrency=concurrency,
                          concurrency_sessions=args.concurrency_sessions,
@@ -440,6 +436,14 @@ def cmd_bench(args) -> None:
     print(f"results in {args.out}/: bench.json, bench.md, runs.jsonl, *.png"
           f"{' per drafter, drafters.md and drafters.png' if len(drafters) > 1 else ''} "
           f"({results['duration_s'] / 60:.1f} min)", file=sys.stderr)
+
+
+def _some_of(text: str, choices: tuple[str, ...], flag: str) -> list[str]:
+    """A comma-separated list of choices, or SystemExit naming the flag."""
+    picked = text.split(",")
+    if not set(picked) <= set(choices):
+        raise SystemExit(f"tandem bench: {flag} is one or more of {','.join(choices)}, comma-separated")
+    return picked
 
 
 def _bench_local(args, config, out: Path) -> dict:

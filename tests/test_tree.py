@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from tandem.math.tree import Tree, expanded, greedy_verdict, outcome, size, walk, widths_at
+from tandem.math.tree import Tree, ancestor_mask, depths, expanded, greedy_verdict, outcome, size, walk, widths_at
 from tandem.math.tree_sampling import draw_without_replacement, node_verdict, verdict
 
 P = torch.tensor([0.05, 0.40, 0.25, 0.20, 0.10], dtype=torch.float64)  # the target at a node
@@ -23,12 +23,12 @@ def test_structure_mask_and_depths():
     #    5
     tree = Tree((10, 11, 12, 13, 14, 15), (-1, -1, 0, 0, 1, 2))
     assert tree.children[-1] == [0, 1] and tree.children[0] == [2, 3] and tree.children[5] == []
-    assert tree.depths == [1, 1, 2, 2, 2, 3]
+    assert depths(tree.parents) == [1, 1, 2, 2, 2, 3]
     assert tree.path(5) == [0, 2, 5] and tree.path(-1) == []
-    mask = torch.tensor(tree.ancestor_mask())
+    mask = torch.tensor(ancestor_mask(tree.parents))
     assert mask[5].nonzero().flatten().tolist() == [0, 2, 5]
     assert mask[4].nonzero().flatten().tolist() == [1, 4]
-    assert torch.tensor(Tree.chain([7, 8, 9]).ancestor_mask()).equal(torch.ones(3, 3, dtype=torch.bool).tril())
+    assert torch.tensor(ancestor_mask((-1, 0, 1))).equal(torch.ones(3, 3, dtype=torch.bool).tril())  # a chain
     assert expanded(tree.parents) == [-1, 0, 1, 2]  # the draft distributions' rows
     assert widths_at((3, 2), 4) == (3, 2, 1, 1) and widths_at((3, 2), 1) == (3,)
     assert size((3, 2, 1, 1)) == 3 + 6 + 6 + 6

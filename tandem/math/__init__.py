@@ -6,8 +6,9 @@
 - `analytic`: the expected tokens per target pass and the speedup they buy;
 - `sampling`: the workers' half, on tensors: warping, drawing, verifying a block (torch);
 - `block`: the verifier's half of block verification, accepting a block's prefix jointly (torch);
-- `tree`: token trees, their masks and the walks that accept a path, greedy and sampled (torch).
+- `tree`: token trees, their masks, and the walk down a tree that accepts a path;
+- `tree_sampling`: the verifier's half of a sampled tree, recursive rejection sampling (torch).
 
-Everything here but `sampling`, `block` and `tree` is plain Python, so the SDK and the orchestrator never load
+Everything here but `sampling`, `block` and `tree_sampling` is plain Python, so the SDK and the orchestrator never load
 torch. Nothing here imports the rest of tandem.
 """

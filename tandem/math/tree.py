@@ -36,10 +36,6 @@ class Tree:
             if len({self.tokens[k] for k in kids}) != len(kids):
                 raise ValueError(f"node {node}'s children repeat a token")
 
-    @classmethod
-    def chain(cls, tokens: list[int]) -> "Tree":
-        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
-
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -51,13 +47,6 @@ class Tree:
             kids.setdefault(parent, []).append(i)
             kids.setdefault(i, [])
         return kids
-
-    @cached_property
-    def depths(self) -> list[int]:
-        return depths(self.parents)
-
-    def ancestor_mask(self) -> list[list[bool]]:
-        return ancestor_mask(self.parents)
 
     def path(self, node: int) -> list[int]:
         """The nodes from the root's child down to `node` (−1: none)."""
