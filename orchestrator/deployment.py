@@ -341,6 +341,8 @@ def _refusal(e: BaseException) -> _Refused | None:
         return _Refused(grpc.StatusCode.ABORTED, f"{e}: this stream stops")
     if isinstance(e, grpc.aio.AioRpcError):  # a worker failed in a way another worker would not mend
         code = grpc.StatusCode.UNAVAILABLE if e.code() in FAILOVER_CODES else grpc.StatusCode.INTERNAL
+        if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a worker's bound (its KV cache): the client's to know
+            code = e.code()
         return _Refused(code, f"worker call failed: {e.code().name}: {e.details()}")
     return None
 

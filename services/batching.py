@@ -1,14 +1,17 @@
 """Continuous batching: one thread owns the model and runs the work of all sessions in shared
 forward passes.
 
-A job is a generator. It yields a `Step` (tokens of its session to run), receives that step's
-logits (or has the step's CacheMiss thrown into it), and returns its answer: a verify is one
-step, drafting γ tokens is γ steps. A `KeepPath` it yields (after a token tree's step) is applied
-at once, on the model thread, before any other pass. Each round, the model thread takes the jobs waiting for a
+A job is a generator. It yields a `Step` (tokens of its session to run), receives what the
+step's ask computes from its logits (tandem.services.sampler; the logits themselves for a step
+without one), or has the step's CacheMiss thrown into it, and returns its answer: a verify is one
+step, drafting γ tokens is γ steps. Each round, the model thread takes the jobs waiting for a
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
-long), runs all their steps in one pass (`ModelRuntime.extend_batch`), and hands each job its
-logits. A job with more steps waits for the next round; a job that arrived meanwhile joins it.
-Nothing waits for a batch to fill: an idle thread runs a lone job at once.
+long), runs all their steps in one pass (`ModelRuntime.extend_batch`), answers all their asks
+together (`sampler.answer`: one warp, one argmax, one draw per kind for the whole round), and
+hands each job its answer. The `KeepPath`s the jobs then yield (after a token tree's step) are
+applied together, before any other pass. A job with more steps waits for the next round; a job
+that arrived meanwhile joins it. Nothing waits for a batch to fill: an idle thread runs a lone
+job at once.
 
 Each job's answer says what its work cost (Batching.cost_ms): the passes it took part in, whole,
 in the device's scarce time: CPU time on a CPU, which the machine's other processes share (a
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from tandem.services import metrics
+from tandem.services import metrics, sampler
 from tandem.services.runtime import KeepPath, ModelRuntime, Step
 from tandem.wire.worker import Batching
 
@@ -119,13 +122,15 @@ class Batcher:
         batch = self._pick(waiting)
         tokens = sum(len(r.step.tokens) for r in batch)
         start = self._start()
+        steps = [r.step for r in batch]
         try:
-            results = self.runtime.extend_batch([r.step for r in batch])
+            results = self._answer(steps, self.runtime.extend_batch(steps))
         except BaseException as e:  # the pass itself failed: every job in it fails, no other
             results = [e] * len(batch)
         elapsed, cost = self._since(start)
         metrics.batch_sessions.observe(len(batch))
         metrics.batch_tokens.observe(tokens)
+        advanced = []
         for running, result in zip(batch, results):
             running.compute_ms += elapsed
             running.cost_ms += cost
@@ -133,7 +138,31 @@ class Batcher:
             b.passes, b.tokens, b.sessions = b.passes + 1, b.tokens + tokens, b.sessions + len(batch)
             waiting.remove(running)
             if self._advance(running, result):
-                waiting.append(running)  # its next step joins the next round, behind older jobs
+                advanced.append(running)
+        for running in self._keep_paths(advanced):
+            waiting.append(running)  # its next step joins the next round, behind older jobs
+
+    @staticmethod
+    def _answer(steps: list[Step], results: list) -> list:
+        """The pass's results with each ask's logits replaced by its answer, all asks at once."""
+        asked = [i for i, (step, result) in enumerate(zip(steps, results))
+                 if step.ask is not None and isinstance(result, torch.Tensor)]
+        if asked:
+            for i, answer in zip(asked, sampler.answer([steps[i].ask for i in asked], [results[i] for i in asked])):
+                results[i] = answer
+        return results
+
+    def _keep_paths(self, advanced: list[_Running]) -> list[_Running]:
+        """Apply the KeepPaths the jobs yielded, all at once, and advance those jobs → the jobs
+        with a step to run."""
+        ready = [r for r in advanced if not isinstance(r.step, KeepPath)]
+        keeping = [r for r in advanced if isinstance(r.step, KeepPath)]
+        while keeping:
+            held = self.runtime.keep_paths([r.step for r in keeping])
+            advanced = [r for r, kept in zip(keeping, held) if self._advance(r, kept)]
+            ready += [r for r in advanced if not isinstance(r.step, KeepPath)]
+            keeping = [r for r in advanced if isinstance(r.step, KeepPath)]
+        return ready
 
     def _pick(self, waiting: list[_Running]) -> list[_Running]:
         """The oldest waiting jobs, one per session, within the token budget (the oldest always)."""
@@ -164,8 +193,6 @@ class Batcher:
                 running.step = running.job.throw(result)
             else:
                 running.step = running.job.send(result)
-            while isinstance(running.step, KeepPath):
-                running.step = running.job.send(self.runtime.keep_path(running.step))
         except StopIteration as done:
             answer = done.value
             elapsed, cost = self._since(start)

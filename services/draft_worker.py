@@ -1,16 +1,14 @@
 """The draft worker: extends a session's cache, then drafts γ tokens autoregressively."""
 
-import torch
+from dataclasses import replace
 
 from tandem.math import tree
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, node_uniforms, uniform
-from tandem.math.sampling import sample, warp
-from tandem.math.tree_sampling import draw_without_replacement
-from tandem.services import distributions
+from tandem.math.rng import Purpose, node_uniforms
 from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
 from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import ModelRuntime, Step
+from tandem.services.sampler import Branch, Draw
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -22,30 +20,22 @@ def propose(
     step: type[Step] = Step,
 ) -> Job:
     """The job (tandem.services.batching) that drafts gamma tokens after the committed
-    sequence, one step per drafted token → a Proposal. Raises CacheMiss. step: the kind of Step
-    it yields (the hybrid drafter marks those its model runs).
+    sequence, one step per drafted token, each drawn with the round's others
+    (tandem.services.sampler.Draw) → a Proposal. Raises CacheMiss. step: the kind of Step it
+    yields (the hybrid drafter marks those its model runs).
 
     The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
     drafted token is never fed: the verifier may reject it).
     """
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    logits = (yield step(session_id, cache_len, tokens, keep=1))[0]  # [V]
-    drafted, token_probs, dists = [], [], []
-    for i in range(gamma):
-        if params.greedy:  # warp's one-hot and its draw, without vocabulary-sized work
-            token, prob = int(logits.argmax()), 1.0
-        else:
-            probs = warp(logits, params)  # [V]
-            token = int(sample(probs, torch.tensor(uniform(params.seed, position + i, Purpose.DRAFT))))
-            prob = float(probs[token])
-            dists.append(probs)
-        drafted.append(token)
-        token_probs.append(prob)
-        if i + 1 < gamma:
-            logits = (yield step(session_id, position + i, [token], keep=1))[0]
+    drawn = yield step(session_id, cache_len, tokens, keep=1, ask=Draw(params, position))
+    draws = [drawn]
+    for i in range(1, gamma):
+        drawn = yield step(session_id, position + i - 1, [drawn.token], keep=1, ask=Draw(params, position + i))
+        draws.append(drawn)
     # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.
-    packed = [] if params.greedy else distributions.pack(torch.stack(dists))
-    return wire.Proposal(drafted, token_probs, packed, 0.0)
+    packed = [] if params.greedy else [d.distribution for d in draws]
+    return wire.Proposal([d.token for d in draws], [d.prob for d in draws], packed, 0.0)
 
 
 def propose_tree(
@@ -55,41 +45,31 @@ def propose_tree(
     """The job that drafts a token tree after the committed sequence → a Proposal with parents
     (tandem.math.tree): every node at depth d gets widths[d−1] children, its draft's top tokens
     (greedy) or as many drawn from its draft distribution without replacement (sampled: what the
-    verifier's recursive rejection sampling assumes). One step per depth runs that depth's nodes
-    after the earlier ones in the cache, under the tree mask (one pass, however wide), so that a
-    node's logits see exactly its path. Raises CacheMiss.
+    verifier's recursive rejection sampling assumes; tandem.services.sampler.Branch). One step
+    per depth runs that depth's nodes after the earlier ones in the cache, under the tree mask
+    (one pass, however wide), so that a node's logits see exactly its path. Raises CacheMiss.
 
     The cache ends holding the committed tokens and the tree's nodes but the last depth's; the
     next call's cache_len keeps the committed ones (the verifier knows the path, the next call
     feeds it).
     """
     position = cache_len + len(tokens)  # absolute position of the depth-1 nodes
-    u = [] if params.greedy else node_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT)
-    logits = yield step(session_id, cache_len, tokens, keep=1)  # [1, V]: the root's
-    frontier = [-1]  # the nodes whose children the next depth draws, one row of logits each
+    u = () if params.greedy else tuple(node_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT))
+    feed = step(session_id, cache_len, tokens, keep=1)  # the root's row
     drafted, parents, token_probs, dists = [], [], [], []
+    frontier = [-1]  # the nodes whose children this depth draws, one row of logits each
     for depth, width in enumerate(widths):
-        if params.greedy:  # each node's top tokens; one-hot drafts need no distributions
-            children = logits.topk(min(width, logits.shape[-1]), -1).indices.tolist()  # [F][width]
-            probs = [None] * len(frontier)
-        else:
-            probs = warp(logits, params)  # [F, V]
-            dists.extend(probs)
-            children = []
-            for row in probs:
-                draws = torch.tensor(u[len(drafted) + sum(map(len, children)):][:width], dtype=torch.float64)
-                children.append(draw_without_replacement(row, draws))  # the draws keyed by the nodes they make
         start = len(drafted)
-        for node, kids, row in zip(frontier, children, probs):
+        branched = yield replace(feed, ask=Branch(params, width, u[start:]))
+        for node, kids, probs in zip(frontier, branched.children, branched.probs):
             drafted.extend(kids)
             parents.extend([node] * len(kids))
-            token_probs.extend([1.0] * len(kids) if row is None else row[kids].tolist())
+            token_probs.extend(probs)
+        dists.extend(branched.distributions)
         frontier = list(range(start, len(drafted)))
-        if depth + 1 < len(widths):  # this depth's nodes after the earlier ones, which the cache holds
-            logits = yield step(session_id, position + start, drafted[start:], keep=len(frontier),
-                                parents=tuple(parents))  # [F, V]
-    packed = [] if params.greedy else distributions.pack(torch.stack(dists))
-    return wire.Proposal(drafted, token_probs, packed, 0.0, parents=parents)
+        # This depth's nodes after the earlier ones, which the cache holds.
+        feed = step(session_id, position + start, drafted[start:], keep=len(frontier), parents=tuple(parents))
+    return wire.Proposal(drafted, token_probs, dists, 0.0, parents=parents)
 
 
 def is_tree(widths: list[int]) -> bool:

@@ -42,6 +42,10 @@ class HybridRuntime(NgramRuntime):
     def cache_bytes(self) -> int:
         return super().cache_bytes + self.model.cache_bytes
 
+    @property
+    def token_bytes(self) -> int:
+        return super().token_bytes + self.model.token_bytes
+
     def fed(self, session_id: str) -> int:
         """Leading tokens of the session's list that its model cache holds."""
         return min(self._fed.get(session_id, 0), self.model.held(session_id))

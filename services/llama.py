@@ -6,9 +6,12 @@ size it costs operator dispatch and weight reads, not arithmetic. Hugging Face's
 spends about a third of a one-token pass of the shipped target in Python and small ops
 (benchmarks/forward_pass.py). This pass reads the same weights, loaded through
 `from_pretrained`. Q, K and V are one matmul, gate and up are another, and RMSNorm is one
-op. Keys and values go into a per-session buffer grown by doubling, so cropping a cache is
-free. It keeps Hugging Face's order of floating-point operations where they are not fused.
-Logits agree to ~1e-5 (tests/test_llama_pass.py), and greedy outputs match.
+op. Keys and values live in one paged pool for every session (tandem.services.kv), and a pass's
+attention over every session's keys takes one call per layer for each size of query block
+(a decode step, a verify block, a tree), whatever the number of sessions; only a prefill
+longer than MAX_BATCHED_QUERIES tokens runs its own fused-kernel call. It keeps Hugging Face's
+order of floating-point operations where they are not fused. Logits agree to ~1e-5
+(tests/test_llama_pass.py), and greedy outputs match.
 
 Models this pass does not cover exactly (`unsupported` says why) run through Hugging Face.
 """
@@ -17,16 +20,19 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from tandem.math import tree
+from tandem.services.kv import BlockTable, KVPool
 
 # RoPE variants whose frequencies are fixed at load time (dynamic ones change with length).
 STATIC_ROPE = ("default", "linear", "llama3")
-# Queries × keys up to which one session's attention on the CPU takes three small products instead
-# of the fused kernel (a verify block over a long context; a decode step over any context).
-SMALL_ATTENTION = 16384
+# Rows of a pass with at most this many new tokens share their attention calls with the rows of
+# a similar count (padded to a power of two); a longer one (a prefill) runs alone in the fused
+# kernel, whose memory stays linear in its length.
+MAX_BATCHED_QUERIES = 64
 
 
 def to_column_major(w: torch.Tensor) -> torch.Tensor:
@@ -52,35 +58,6 @@ def unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
-class KVBuffer:
-    """Keys and values of one session: [layers, 2, kv_heads, capacity, head_dim]. Positions
-    past the caller's cache_len are stale and get overwritten, so a crop costs nothing."""
-
-    def __init__(self, data: torch.Tensor) -> None:
-        self.data = data
-
-    @property
-    def capacity(self) -> int:
-        return self.data.shape[3]
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nelement() * self.data.element_size()
-
-    def keep_path(self, start: int, nodes: list[int]) -> None:
-        """After a tree's pass at start..: keep the keys and values of `nodes` (tree indices, a
-        root-to-node path) at start, start+1, … and drop the other branches' (they are stale)."""
-        self.data[:, :, :, start:start + len(nodes)] = self.data[:, :, :, [start + i for i in nodes]]
-
-    def reserve(self, length: int, held: int) -> None:
-        """Make room for `length` positions, copying the first `held` when it grows."""
-        if length <= self.capacity:
-            return
-        grown = self.data.new_empty(*self.data.shape[:3], max(length, 2 * self.capacity), self.data.shape[4])
-        grown[:, :, :, :held] = self.data[:, :, :, :held]
-        self.data = grown
-
-
 @dataclass
 class Feed:
     """One session's part of a forward pass: tokens at positions start.. over the first `start`
@@ -90,7 +67,7 @@ class Feed:
     from the root's next position r = start − (earlier nodes) on: node i's keys and values sit
     at r + i, and it sees the committed tokens and its own ancestors, at position r + its depth − 1."""
 
-    cache: Any  # the pass's: a KVBuffer, or a DynamicCache for Hugging Face's
+    cache: Any  # the pass's: a kv.BlockTable, or a DynamicCache for Hugging Face's
     start: int
     tokens: list[int]
     keep: int
@@ -116,20 +93,61 @@ class Feed:
         return allowed
 
 
+@dataclass
+class _Group:
+    """Rows of a pass that share one attention call per layer: R sessions with at most n new
+    tokens each, over at most L cache positions (whole blocks)."""
+
+    rows: int  # R
+    queries: int  # n
+    keys: int  # L
+    blocks: torch.Tensor  # [R·L/block] block ids, each row's in order (padded with block 0)
+    tokens: torch.Tensor  # [R·n] the pass's token behind each (row, query); padding repeats a row's last
+    bias: torch.Tensor  # [R, 1, n, L] additive: 0 where a query sees a key, −inf elsewhere
+    real: torch.Tensor | None  # positions of the real queries among the R·n (None: all are)
+    out: torch.Tensor  # [the real queries] their rows in the pass's output
+
+
+@dataclass
+class _Alone:
+    """A long feed, attended in its own fused-kernel call: its tokens first..first+n, its keys at
+    `slots` (None: a fresh chain, whose keys are its own new ones) under `mask` (None: causal)."""
+
+    first: int
+    n: int
+    slots: torch.Tensor | None
+    mask: torch.Tensor | None
+
+
+@dataclass
+class _Plan:
+    """What every layer of one pass needs, built once: where new keys go, who attends to what."""
+
+    slots: torch.Tensor  # [T] the pool slot of each new token
+    groups: list[_Group]
+    alone: list[_Alone]
+    keep: torch.Tensor  # [K] the tokens whose logits are wanted, feeds in order
+
+
 class LlamaPass:
-    """The forward pass of one Llama model. Check `unsupported(model)` first."""
+    """The forward pass of one Llama model and its KV pool. Check `unsupported(model)` first."""
 
     name = "llama"
     batched = True  # forward_batch runs all feeds in one pass
 
-    def __init__(self, model: torch.nn.Module, column_major: bool) -> None:
+    def __init__(self, model: torch.nn.Module, column_major: bool, max_cache_bytes: int = 2 << 30) -> None:
         c = model.config
         self.hidden, self.heads, self.kv_heads = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.intermediate, self.eps = c.intermediate_size, c.rms_norm_eps
         layout = to_column_major if column_major else torch.Tensor.contiguous
+        # The queries' 1/√d goes into their weights in float32 (an op less per layer, rounding within
+        # float32's); a half-precision weight would round it visibly, so those scale the queries.
+        exact = model.dtype == torch.float32
+        self.query_scale = 1.0 if exact else self.head_dim**-0.5
         with torch.no_grad():
-            self.layers = [self._layer(block, layout) for block in model.model.layers]
+            self.layers = [self._layer(block, layout, self.head_dim**-0.5 if exact else 1.0)
+                           for block in model.model.layers]
             self.embed = model.model.embed_tokens.weight.detach()  # [V, H]; rows are looked up
             self.norm = model.model.norm.weight.detach()
             self.head = layout(model.lm_head.weight.detach().clone())  # [V, H], its own copy even if tied
@@ -137,12 +155,15 @@ class LlamaPass:
         self.inv_freq, self.rope_scale = rotary.inv_freq.detach().float(), rotary.attention_scaling
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
+        self.pool = KVPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, max_cache_bytes)
+        self.fused_groups = self.device.type != "cpu"  # a group's attention in the fused kernel (_attend)
 
     @staticmethod
-    def _layer(block, layout) -> dict[str, torch.Tensor]:
+    def _layer(block, layout, scale: float) -> dict[str, torch.Tensor]:
         a, m = block.self_attn, block.mlp
         return {
-            "qkv": layout(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [(h+2kv)·d, H]
+            # [(h+2kv)·d, H]; the queries come out times `scale` (the rotary embedding is linear)
+            "qkv": layout(torch.cat([a.q_proj.weight * scale, a.k_proj.weight, a.v_proj.weight])),
             "o": layout(a.o_proj.weight.detach()),
             "gate_up": layout(torch.cat([m.gate_proj.weight, m.up_proj.weight])),  # [2I, H]
             "down": layout(m.down_proj.weight.detach()),
@@ -150,105 +171,167 @@ class LlamaPass:
             "mlp_norm": block.post_attention_layernorm.weight.detach(),
         }
 
-    def new_cache(self, length: int) -> KVBuffer:
-        capacity = max(16, 1 << (length - 1).bit_length())
-        return KVBuffer(torch.empty(len(self.layers), 2, self.kv_heads, capacity, self.head_dim,
-                                    dtype=self.dtype, device=self.device))
+    # --- caches: block tables in the pool ----------------------------------------------------
 
-    @staticmethod
-    def cache_nbytes(cache: KVBuffer) -> int:
-        return cache.nbytes
+    @property
+    def token_bytes(self) -> int:
+        return self.pool.token_bytes
 
-    @staticmethod
-    def keep_path(cache: KVBuffer, start: int, nodes: list[int]) -> None:
-        cache.keep_path(start, nodes)
+    @property
+    def cache_bytes(self) -> int:
+        return self.pool.used_bytes
 
-    def forward(self, cache: KVBuffer, start: int, tokens: list[int], keep: int) -> torch.Tensor:
+    def new_cache(self) -> BlockTable:
+        return BlockTable()
+
+    def reserve(self, cache: BlockTable, tokens: int) -> bool:
+        return self.pool.reserve(cache, tokens)
+
+    def crop(self, cache: BlockTable, tokens: int) -> None:
+        self.pool.crop(cache, tokens)
+
+    def release(self, cache: BlockTable) -> None:
+        self.pool.release(cache)
+
+    def keep_paths(self, paths: list[tuple[BlockTable, int, list[int]]]) -> None:
+        """After trees' passes: for each (cache, start, nodes), move the keys and values of the
+        nodes (tree indices, a root-to-node path) at start + node to start, start+1, …; the other
+        branches' are stale. One gather and one scatter for all of them."""
+        source, target = [], []
+        for cache, start, nodes in paths:
+            source += [self.pool.slots(cache, start + i, start + i + 1)[0] for i in nodes]
+            target += self.pool.slots(cache, start, start + len(nodes))
+        if source:
+            flat = self.pool.flat()  # [layers, 2, kv, S, d]
+            flat[:, :, :, self._index(target)] = flat[:, :, :, self._index(source)]
+
+    # --- the pass ----------------------------------------------------------------------------
+
+    def forward(self, cache: BlockTable, start: int, tokens: list[int], keep: int) -> torch.Tensor:
         """Run tokens at positions start.. over the cache's first `start` positions, writing
         theirs → logits [keep, V] of the last `keep` tokens. Call under inference_mode."""
         return self.forward_batch([Feed(cache, start, tokens, keep)])[0]
 
     def forward_batch(self, feeds: list["Feed"]) -> list[torch.Tensor]:
         """One pass for several sessions: their new tokens concatenated into one [T, H] input for
-        the projections, the rotary embedding and the MLPs (T = all their tokens), attention per
-        session against its own cache → each feed's logits [keep, V]. Call under inference_mode."""
-        lengths = [len(f.tokens) for f in feeds]
-        masks = []
-        for f, n in zip(feeds, lengths):
-            f.cache.reserve(f.start + n, held=f.start)
-            masks.append(self._mask(f))
+        the projections, the rotary embedding, the attention and the MLPs (T = all their tokens),
+        each attending to its own cache → each feed's logits [keep, V]. Call under inference_mode."""
+        for f in feeds:
+            if not self.pool.reserve(f.cache, f.start + len(f.tokens)):
+                raise MemoryError("the KV pool cannot hold this pass: reserve before it (ModelRuntime does)")
+        plan = self._plan(feeds)
         cos, sin = self._rope(feeds)  # [T, 1, d] each
-        tokens = [t for f in feeds for t in f.tokens]
-        x = self.embed[torch.tensor(tokens, device=self.device)]  # [T, H]
+        x = self.embed[self._index([t for f in feeds for t in f.tokens])]  # [T, H]
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer["attn_norm"])
-            caches = [(f.cache.data[index], f.start) for f in feeds]
-            x = x + self._attention(layer, h, caches, lengths, cos, sin, masks)
+            x = x + self._attention(index, layer, h, cos, sin, plan)
             gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).split(self.intermediate, -1)
             x = x + F.linear(F.silu(gate) * up, layer["down"])
-        if len(feeds) == 1:
-            return [F.linear(self._rms_norm(x[-feeds[0].keep:], self.norm), self.head)]  # [keep, V]
-        last = torch.cat([x[end - f.keep:end] for f, end in zip(feeds, itertools.accumulate(lengths))])  # [K, H]
-        logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V], K = the keeps' sum
+        last = x.index_select(0, plan.keep)  # [K, H], K = the keeps' sum
+        logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V]
         return list(logits.split([f.keep for f in feeds]))
 
-    def _small(self, n: int, length: int) -> bool:
-        """Whether n queries over `length` keys take the three small products (else the fused kernel)."""
-        return self.device.type == "cpu" and n * length <= SMALL_ATTENTION
+    def _index(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
 
-    def _mask(self, feed: Feed) -> torch.Tensor | None:
-        """What the feed's n queries may see (Feed.visible: in a chain, query i sees keys
-        0..start+i), in the form their attention path takes. None for one query (it sees
-        everything); for the small products an additive [group·n, L] bias in their row order, else
-        a boolean [n, L] for the fused kernel."""
-        start, n = feed.start, len(feed.tokens)
-        if n == 1:
-            return None
-        allowed = feed.visible(self.device)  # [n, L]
-        if not self._small(n, start + n):
-            return allowed
-        bias = torch.zeros(n, start + n, dtype=self.dtype, device=self.device).masked_fill_(~allowed, float("-inf"))
-        return bias.repeat(self.heads // self.kv_heads, 1)  # [group·n, L]
+    def _plan(self, feeds: list[Feed]) -> _Plan:
+        """Slots, attention groups and kept rows of a pass (plain Python and numpy, then a few
+        copies to the device)."""
+        lengths = [len(f.tokens) for f in feeds]
+        firsts = [0, *itertools.accumulate(lengths)][:-1]
+        slots, groups, alone = [], {}, []
+        for i, f in enumerate(feeds):
+            slots += self.pool.slots(f.cache, f.start, f.start + lengths[i])
+            if lengths[i] <= MAX_BATCHED_QUERIES:
+                groups.setdefault(1 << (lengths[i] - 1).bit_length(), []).append(i)
+            else:
+                alone.append(self._alone(f, firsts[i]))
+        keep = [t for f, first, n in zip(feeds, firsts, lengths) for t in range(first + n - f.keep, first + n)]
+        return _Plan(self._index(slots), [self._group([feeds[i] for i in rows], [firsts[i] for i in rows])
+                                          for rows in groups.values()], alone, self._index(keep))
 
-    def _attention(self, layer, h, caches, lengths, cos, sin, masks) -> torch.Tensor:
-        """h [T, H] → attention output [T, H]; caches: per feed, (its layer's [2, kv, capacity, d]
-        buffer, its start). Per session: one copy of its new keys and values, its attention
-        written straight into the output's rows."""
+    def _group(self, feeds: list[Feed], firsts: list[int]) -> _Group:
+        """One attention call's rows: their blocks, queries and masks, padded to the longest."""
+        size = self.pool.block_tokens
+        counts = np.array([len(f.tokens) for f in feeds])  # [R]
+        starts = np.array([f.start for f in feeds])  # [R]
+        rows, n = len(feeds), int(counts.max())
+        width = self.pool.blocks_for(int((starts + counts).max()))
+        blocks = np.zeros((rows, width), dtype=np.int64)
+        for r, f in enumerate(feeds):
+            used = self.pool.blocks_for(f.start + len(f.tokens))
+            blocks[r, :used] = f.cache.blocks[:used]
+        query = np.arange(n)  # [n]
+        tokens = np.array(firsts)[:, None] + np.minimum(query[None, :], counts[:, None] - 1)  # [R, n]
+        # A query at cache position start + i sees keys 0..start+i; a padding query sees key 0 only.
+        limit = np.where(query[None, :] < counts[:, None], starts[:, None] + query[None, :], 0)  # [R, n]
+        allowed = np.arange(width * size)[None, None, :] <= limit[..., None]  # [R, n, L]
+        for r, f in enumerate(feeds):
+            if f.parents is not None:  # the tree's nodes see their ancestors only
+                n_r = len(f.tokens)
+                allowed[r, :n_r, f.root:f.start + n_r] = tree.ancestor_mask(f.parents)[-n_r:]
+        bias = torch.from_numpy(np.where(allowed, 0.0, -np.inf)).to(self.device, self.dtype)[:, None]  # [R, 1, n, L]
+        real = (query[None, :] < counts[:, None]).reshape(-1)  # [R·n]
+        return _Group(rows, n, width * size, self._index(blocks.reshape(-1)), self._index(tokens.reshape(-1)), bias,
+                      None if real.all() else self._index(np.flatnonzero(real)), self._index(tokens.reshape(-1)[real]))
+
+    def _alone(self, feed: Feed, first: int) -> _Alone:
+        n = len(feed.tokens)
+        if feed.start == 0 and feed.parents is None:
+            return _Alone(first, n, None, None)
+        return _Alone(first, n, self._index(self.pool.slots(feed.cache, 0, feed.start + n)), feed.visible(self.device))
+
+    def _attention(self, index: int, layer, h: torch.Tensor, cos, sin, plan: _Plan) -> torch.Tensor:
+        """h [T, H] → attention output [T, H]. The new keys and values go into the pool in one
+        scatter; each group of rows attends in one call, each long feed in one of its own."""
         d, heads, kv_heads = self.head_dim, self.heads, self.kv_heads
-        q, k, v = F.linear(h, layer["qkv"]).split([heads * d, kv_heads * d, kv_heads * d], -1)  # [T, ·]
-        q = _rotate(q.view(-1, heads, d), cos, sin) * d**-0.5  # [T, h, d], scaled once for every session
-        k = _rotate(k.view(-1, kv_heads, d), cos, sin)  # [T, kv, d]
+        qk, v = F.linear(h, layer["qkv"]).split([(heads + kv_heads) * d, kv_heads * d], -1)  # [T, ·]
+        qk = _rotate(qk.view(-1, heads + kv_heads, d), cos, sin)  # [T, h+kv, d]: queries (scaled) and keys together
+        q, k = qk[:, :heads], qk[:, heads:]
+        if self.query_scale != 1.0:
+            q = q * self.query_scale
         new = torch.stack((k, v.view(-1, kv_heads, d))).transpose(1, 2)  # [2, kv, T, d]
+        flat = self.pool.flat(index)  # [2, kv, S, d]
+        flat[:, :, plan.slots] = new
         out = q.new_empty(q.shape[0], heads * d)  # [T, h·d]
-        at = 0
-        for (kv, start), n, mask in zip(caches, lengths, masks):
-            end = start + n
-            kv[:, :, start:end] = new[:, :, at:at + n]
-            self._attend(q[at:at + n], kv[0, :, :end], kv[1, :, :end], mask, out[at:at + n])
-            at += n
+        for group in plan.groups:
+            self._attend(q, self.pool.data[index], group, out)
+        for feed in plan.alone:
+            self._attend_alone(q, new, flat, feed, out)
         return F.linear(out, layer["o"])  # [T, H]
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, out: torch.Tensor) -> None:
-        """One session's attention: scaled q [n, h, d] over keys and values [kv, L, d] → out
-        [n, h·d]. A few queries on the CPU take three small products (each key head's query heads
-        side by side, no copy of the keys), a tenth of the fused kernel's fixed cost there; long
-        ones, and every device's, take the fused kernel, whose memory stays linear in L."""
-        n, heads, d = q.shape
-        kv_heads, length = keys.shape[0], keys.shape[1]
-        if not self._small(n, length):
-            att = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
-                                                 scale=1.0, enable_gqa=True)  # [1, h, n, d]
-            out.copy_(att[0].transpose(0, 1).reshape(n, heads * d))
-            return
-        group = heads // kv_heads
-        if n == 1:  # a decode step: the query row is already [kv, group, d], and so is its output row
-            scores = torch.bmm(q.view(kv_heads, group, d), keys.transpose(1, 2))  # [kv, group, L]
-            torch.bmm(_softmax(scores), values, out=out.view(kv_heads, group, d))
-            return
-        grouped = q.view(n, kv_heads, group, d).permute(1, 2, 0, 3).reshape(kv_heads, group * n, d)
-        scores = torch.baddbmm(mask, grouped, keys.transpose(1, 2))  # [kv, group·n, L], masked
-        att = torch.bmm(_softmax(scores), values)  # [kv, group·n, d]
-        out.view(n, kv_heads, group, d).copy_(att.view(kv_heads, group, n, d).permute(2, 0, 1, 3))
+    def _attend(self, q: torch.Tensor, pool: torch.Tensor, g: _Group, out: torch.Tensor) -> None:
+        """One group's attention: q [T, h, d] (scaled) over the layer's pool [2, kv, blocks,
+        block, d] → the real queries' rows of out [T, h·d], against every row's gathered keys.
+        On the CPU three batched products (each key head's query heads side by side), a tenth
+        of the fused kernel's fixed cost at these sizes; elsewhere the fused kernel, masked."""
+        kv_heads, d = self.kv_heads, self.head_dim
+        group, (rows, n, length) = self.heads // kv_heads, (g.rows, g.queries, g.keys)
+        kv = pool.index_select(2, g.blocks).view(2, kv_heads, rows, length, d)  # [2, kv, R, L, d]
+        queries = q.index_select(0, g.tokens).view(rows, n, kv_heads, group, d)
+        if self.fused_groups:
+            att = F.scaled_dot_product_attention(
+                queries.view(rows, n, -1, d).transpose(1, 2), kv[0].transpose(0, 1), kv[1].transpose(0, 1),
+                attn_mask=g.bias, scale=1.0, enable_gqa=True)  # [R, h, n, d]
+            att = att.transpose(1, 2).reshape(rows * n, -1)  # [R·n, h·d]
+        else:
+            queries = queries.permute(2, 0, 3, 1, 4).reshape(kv_heads, rows, group * n, d)
+            scores = torch.matmul(queries, kv[0].transpose(-1, -2))  # [kv, R, group·n, L]
+            scores.view(kv_heads, rows, group, n, length).add_(g.bias)
+            att = torch.matmul(_softmax(scores), kv[1])  # [kv, R, group·n, d]
+            att = att.view(kv_heads, rows, group, n, d).permute(1, 3, 0, 2, 4).reshape(rows * n, -1)  # [R·n, h·d]
+        out.index_copy_(0, g.out, att if g.real is None else att.index_select(0, g.real))
+
+    def _attend_alone(self, q: torch.Tensor, new: torch.Tensor, flat: torch.Tensor, a: _Alone,
+                      out: torch.Tensor) -> None:
+        """A long feed's attention in the fused kernel: its queries over its keys (its own new
+        ones for a fresh chain, else gathered from the pool)."""
+        n, end = a.n, a.first + a.n
+        kv = new[:, :, a.first:end] if a.slots is None else flat.index_select(2, a.slots)  # [2, kv, L, d]
+        att = F.scaled_dot_product_attention(q[a.first:end].transpose(0, 1)[None], kv[0][None], kv[1][None],
+                                             attn_mask=a.mask, is_causal=a.mask is None, scale=1.0,
+                                             enable_gqa=True)  # [1, h, n, d]
+        out[a.first:end] = att[0].transpose(0, 1).reshape(n, -1)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -271,7 +354,7 @@ class LlamaPass:
         if len(feeds) == 1 and feeds[0].parents is None:
             return self._cos[feeds[0].start:end, None], self._sin[feeds[0].start:end, None]
         # From a list: one small tensor, where an arange per feed cost ~0.1 ms each.
-        at = torch.tensor([p for f in feeds for p in f.positions()], device=self.device)  # [T]
+        at = self._index([p for f in feeds for p in f.positions()])  # [T]
         return self._cos[at, None], self._sin[at, None]
 
 

@@ -81,6 +81,11 @@ class NgramRuntime:
     def cache_bytes(self) -> int:
         return 8 * self._held
 
+    @property
+    def token_bytes(self) -> int:
+        """Bytes per held token (a Python int in a list, counted as 8)."""
+        return 8
+
     def extend_batch(self, steps: list[Step]) -> list:
         """Per step: the session's tokens after cropping to cache_len and extending (the list
         itself, for the job to read), or its CacheMiss."""

@@ -2,10 +2,14 @@
 
 Caches are soft state (Redis holds the truth): every call says how many committed tokens the
 caller believes the cache holds (`cache_len`); the runtime crops to it and extends, or reports
-a miss when it holds fewer. Least-recently-used sessions are evicted under a memory bound.
+a miss when it holds fewer. Before a pass, each of its sessions reserves room for its new tokens
+under the memory bound, evicting least-recently-used sessions outside the pass when it must; a
+session that still finds no room is refused (RESOURCE_EXHAUSTED), the rest of the pass runs.
 
-The forward pass is `tandem.services.llama.LlamaPass` for the Llama architecture (the same
-function in fewer operator calls), and Hugging Face's own for every other model.
+The forward pass is `tandem.services.llama.LlamaPass` for the Llama architecture (every
+session's keys and values in one paged pool, one attention call per layer for a whole batch),
+and Hugging Face's own for every other model: a DynamicCache per session and a forward call per
+session, one after another (correct, not batched).
 """
 
 import logging
@@ -15,10 +19,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from tandem.services.llama import Feed, LlamaPass, to_column_major, unsupported
+from tandem.wire.validation import FieldError
 from tandem.wire.worker import ModelInfo
 
 log = logging.getLogger("tandem.worker")
@@ -26,26 +32,36 @@ log = logging.getLogger("tandem.worker")
 
 @dataclass
 class _Session:
-    cache: Any  # the forward pass's: a DynamicCache or a llama.KVBuffer
+    cache: Any  # the forward pass's: a kv.BlockTable or a DynamicCache
     length: int  # tokens held
-    nbytes: int = 0
 
 
 class CacheMiss(Exception):
     """The runtime holds fewer tokens of the session than the caller believes."""
 
 
+class CacheFull(FieldError):
+    """The KV cache cannot hold a step's session beside the other sessions of its pass."""
+
+    def __init__(self, session_id: str, tokens: int, max_bytes: int) -> None:
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, "tokens",
+                         f"the worker's KV cache ({max_bytes >> 20} MiB, --max-cache-mb) cannot hold {tokens} tokens "
+                         f"of session {session_id!r} beside the other sessions of its pass")
+
+
 @dataclass(frozen=True)
 class Step:
     """What a job asks of the model: run `tokens` after the session's first cache_len tokens and
-    give back the logits of the last `keep` (0: all). With `parents`, the tokens are a token
-    tree's nodes (llama.Feed)."""
+    give back the logits of the last `keep` (0: all), or, with `ask`, what the ask computes from
+    them (tandem.services.sampler: drawing, verifying), for the whole round at once. With
+    `parents`, the tokens are a token tree's nodes (llama.Feed)."""
 
     session_id: str
     cache_len: int
     tokens: list[int]
     keep: int = 0
     parents: tuple[int, ...] | None = None
+    ask: Any = None
 
 
 @dataclass(frozen=True)
@@ -73,27 +89,48 @@ class HFPass:
     name = "hf"
     batched = False  # forward_batch runs its feeds one after another
 
-    def __init__(self, model: torch.nn.Module, column_major: bool) -> None:
+    def __init__(self, model: torch.nn.Module, column_major: bool, max_cache_bytes: int = 2 << 30) -> None:
         self.model = model
         if column_major:
             gemm_friendly_layout(model)
+        c = model.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        # A standard cache's bytes per token; the bound is kept with it, the accounting with the real sizes.
+        self.token_bytes = c.num_hidden_layers * 2 * kv_heads * head_dim * model.dtype.itemsize
+        self.max_cache_bytes = max_cache_bytes
+        self.cache_bytes = 0
+        self._nbytes: dict[int, int] = {}  # id(cache) → its bytes, in cache_bytes
 
-    def new_cache(self, length: int) -> DynamicCache:
+    def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
+    def reserve(self, cache: DynamicCache, tokens: int) -> bool:
+        return self.cache_bytes + max(0, tokens - cache.get_seq_length()) * self.token_bytes <= self.max_cache_bytes
+
+    def crop(self, cache: DynamicCache, tokens: int) -> None:
+        held = cache.get_seq_length()
+        if held > tokens:
+            cache.crop(tokens - held)  # negative: tokens to remove
+            self._count(cache)
+
+    def release(self, cache: DynamicCache) -> None:
+        self.cache_bytes -= self._nbytes.pop(id(cache), 0)
+
     def forward(self, cache: DynamicCache, start: int, tokens: list[int], keep: int) -> torch.Tensor:
-        return self._run(Feed(cache, start, tokens, keep))
+        return self.forward_batch([Feed(cache, start, tokens, keep)])[0]
 
     def forward_batch(self, feeds: list[Feed]) -> list[torch.Tensor]:
         """Each feed through its own forward: Hugging Face's caches of different lengths do not
         share a pass without padding every one of them."""
-        return [self._run(f) for f in feeds]
+        out = [self._run(f) for f in feeds]
+        for f in feeds:
+            self._count(f.cache)
+        return out
 
     def _run(self, feed: Feed) -> torch.Tensor:
         """→ logits [keep, V]. A tree's feed passes its mask (4-D, additive) and positions."""
-        held = feed.cache.get_seq_length()
-        if held > feed.start:
-            feed.cache.crop(feed.start - held)  # negative: tokens to remove
+        self.crop(feed.cache, feed.start)
         device = self.model.device
         input_ids = torch.tensor([feed.tokens], dtype=torch.long, device=device)  # [1, n]
         tree = {}
@@ -107,23 +144,23 @@ class HFPass:
                          **tree)
         return out.logits[0]  # [keep, V]
 
-    @staticmethod
-    def keep_path(cache: DynamicCache, start: int, nodes: list[int]) -> None:
-        """llama.KVBuffer.keep_path for a DynamicCache: the path's keys and values to start.., the rest cropped."""
-        index = [start + i for i in nodes]
-        for layer in cache.layers:
-            for t in (layer.keys, layer.values):  # [batch, kv_heads, length, head_dim]
-                t[:, :, start:start + len(nodes)] = t[:, :, index]
-        cache.crop(start + len(nodes) - cache.get_seq_length())
+    def keep_paths(self, paths: list[tuple[DynamicCache, int, list[int]]]) -> None:
+        """LlamaPass.keep_paths for DynamicCaches: each path's keys and values to start.., the rest cropped."""
+        for cache, start, nodes in paths:
+            index = [start + i for i in nodes]
+            for layer in cache.layers:
+                for t in (layer.keys, layer.values):  # [batch, kv_heads, length, head_dim]
+                    t[:, :, start:start + len(nodes)] = t[:, :, index]
+            self.crop(cache, start + len(nodes))
 
-    @staticmethod
-    def cache_nbytes(cache: DynamicCache) -> int:
+    def _count(self, cache: DynamicCache) -> None:
         total = 0
         for layer in cache.layers:
             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
                 if isinstance(t, torch.Tensor):
                     total += t.nelement() * t.element_size()
-        return total
+        self.cache_bytes += total - self._nbytes.get(id(cache), 0)
+        self._nbytes[id(cache)] = total
 
 
 class ModelRuntime:
@@ -153,24 +190,27 @@ class ModelRuntime:
         # After counting: a pass may copy weights (a tied output embedding gets its own).
         cpu = self.device.type == "cpu"
         reason = unsupported(model)
-        self.forward_pass = HFPass(model, cpu) if reason else LlamaPass(model, cpu)
+        self.forward_pass = (HFPass if reason else LlamaPass)(model, cpu, max_cache_bytes)
         if reason:
             log.info("Hugging Face's forward pass for %s: %s", model_dir, reason)
         self.max_cache_bytes = max_cache_bytes
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         # Guards the session table against Release from the loop and scrapes from the metrics
-        # thread; re-entrant because eviction reads cache_bytes while holding it.
+        # thread.
         self._lock = threading.RLock()
 
     @property
     def cache_bytes(self) -> int:
-        with self._lock:  # metrics read it from their own thread
-            return sum(s.nbytes for s in self._sessions.values())
+        return self.forward_pass.cache_bytes
+
+    @property
+    def token_bytes(self) -> int:
+        """KV-cache bytes per token of a session."""
+        return self.forward_pass.token_bytes
 
     @property
     def num_sessions(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+        return len(self._sessions)
 
     def held(self, session_id: str) -> int:
         """Tokens of the session the cache holds (0: none)."""
@@ -182,24 +222,33 @@ class ModelRuntime:
         """Crop the session's cache to cache_len, run tokens through it → logits [n, V] for the
         last n = keep tokens (all of them when keep is 0).
 
-        Raises CacheMiss when the runtime holds fewer than cache_len tokens of the session.
+        Raises CacheMiss when the runtime holds fewer than cache_len tokens of the session, and
+        CacheFull when the memory bound leaves no room for it.
         """
         result = self.extend_batch([Step(session_id, cache_len, tokens, keep)])[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    def extend_batch(self, steps: list["Step"]) -> list[torch.Tensor | CacheMiss]:
+    def extend_batch(self, steps: list["Step"]) -> list[torch.Tensor | CacheMiss | CacheFull]:
         """extend() for several sessions (one step each) in one forward pass → per step, its
-        logits or the CacheMiss it got; a miss leaves the other steps alone. An error of the
-        pass itself is raised."""
+        logits or the CacheMiss or CacheFull it got; those leave the other steps alone. An error
+        of the pass itself is raised."""
         results: list = [None] * len(steps)
         runnable = []  # (index, step, session)
+        in_pass = {step.session_id for step in steps}
         for i, step in enumerate(steps):
             try:
-                runnable.append((i, step, self._checkout(step.session_id, step.cache_len, len(step.tokens))))
+                session = self._checkout(step.session_id, step.cache_len)
             except CacheMiss as e:
                 results[i] = e
+                continue
+            end = step.cache_len + len(step.tokens)
+            if self._reserve(session, end, in_pass):
+                runnable.append((i, step, session))
+            else:
+                results[i] = CacheFull(step.session_id, end, self.max_cache_bytes)
+                self.release(step.session_id)
         if not runnable:
             return results
         feeds = [Feed(session.cache, step.cache_len, step.tokens, step.keep or len(step.tokens), step.parents)
@@ -215,46 +264,54 @@ class ModelRuntime:
             raise
         for (i, step, session), out in zip(runnable, logits):
             session.length = step.cache_len + len(step.tokens)
-            session.nbytes = self.forward_pass.cache_nbytes(session.cache)
             results[i] = out
-        self._evict(keep={step.session_id for step in steps})
         return results
 
-    def keep_path(self, keep: KeepPath) -> bool:
-        """Apply a KeepPath → whether the session was held."""
+    def keep_paths(self, keeps: list[KeepPath]) -> list[bool]:
+        """Apply KeepPaths, all in one go → per keep, whether its session was held."""
         with self._lock:
-            session = self._sessions.get(keep.session_id)
-            if session is None:
-                return False
+            held = [(keep, self._sessions.get(keep.session_id)) for keep in keeps]
+            paths = [(session.cache, keep.start, keep.nodes) for keep, session in held if session is not None]
             with torch.inference_mode():
-                self.forward_pass.keep_path(session.cache, keep.start, keep.nodes)
-            session.length = keep.start + len(keep.nodes)
-            return True
+                self.forward_pass.keep_paths(paths)
+            for keep, session in held:
+                if session is not None:
+                    session.length = keep.start + len(keep.nodes)
+            return [session is not None for _, session in held]
 
     def release(self, session_id: str) -> bool:
         with self._lock:
-            return self._sessions.pop(session_id, None) is not None
+            session = self._sessions.pop(session_id, None)
+            if session is not None:
+                self.forward_pass.release(session.cache)
+            return session is not None
 
-    def _checkout(self, session_id: str, cache_len: int, new_tokens: int) -> _Session:
+    def _checkout(self, session_id: str, cache_len: int) -> _Session:
+        """The session cropped to cache_len (a new one at 0), most recently used. Raises CacheMiss."""
         with self._lock:
             session = self._sessions.get(session_id)
             if session is None or session.length < cache_len:
                 if cache_len > 0:
                     raise CacheMiss(session_id)
-                session = _Session(self.forward_pass.new_cache(new_tokens), 0)
-                self._sessions[session_id] = session
+                if session is not None:
+                    self.forward_pass.release(session.cache)
+                session = self._sessions[session_id] = _Session(self.forward_pass.new_cache(), 0)
+            elif session.length > cache_len:
+                self.forward_pass.crop(session.cache, cache_len)
+                session.length = cache_len
             self._sessions.move_to_end(session_id)
             return session
 
-    def _evict(self, keep: set[str]) -> None:
-        """Drop least-recently-used sessions while over the memory bound, never those in `keep`
-        (the pass that just ran)."""
+    def _reserve(self, session: _Session, tokens: int, in_pass: set[str]) -> bool:
+        """Room for the session's first `tokens` tokens, evicting least-recently-used sessions
+        outside the pass while there is none → False when even that leaves none."""
         with self._lock:
-            while self.cache_bytes > self.max_cache_bytes:
-                oldest = next(iter(self._sessions))
-                if oldest in keep:
-                    break
-                del self._sessions[oldest]
+            while not self.forward_pass.reserve(session.cache, tokens):
+                oldest = next((sid for sid in self._sessions if sid not in in_pass), None)
+                if oldest is None:
+                    return False
+                self.release(oldest)
+            return True
 
 
 def gemm_friendly_layout(model: torch.nn.Module) -> None:

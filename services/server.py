@@ -342,11 +342,14 @@ def run_worker(
                 raise SystemExit(_cannot_listen(host, health_port, "health", e)) from None
         # One parseable line: launchers (tandem up, tests) read the port from it. batching=pass:
         # all sessions' steps share one forward pass; sequential: one pass each, in turn.
+        # kv_bytes_per_token: what a session's token holds in the cache, against max_cache_bytes.
         forward = getattr(runtime, "forward_pass", None)  # none for n-gram lookup: each session alone, no model
         batching = "pass" if forward and forward.batched else "sequential"
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
-              f"forward={forward.name if forward else 'lookup'} batching={batching} max_batch_tokens={max_batch_tokens}"
+              f"forward={forward.name if forward else 'lookup'} batching={batching} "
+              f"max_batch_tokens={max_batch_tokens} "
+              f"kv_bytes_per_token={runtime.token_bytes} max_cache_bytes={max_cache_bytes}"
               f"{' tls=on' if tls else ''}{f' health_port={health_port}' if health_port else ''} "
               f"max_request_bytes={limits.receive} max_response_bytes={limits.send}", flush=True)
         stop = asyncio.Event()

@@ -5,14 +5,18 @@ error leaving the others alone), and batched jobs giving the answers of jobs run
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from tandem.math.params import SamplingParams
+from tandem.math.sampling import warp
+from tandem.math.tree import Tree
+from tandem.services import sampler
 from tandem.services.batching import Batcher
-from tandem.services.draft_worker import propose
-from tandem.services.runtime import CacheMiss, ModelRuntime, Step
-from tandem.services.target_verifier import verify
+from tandem.services.draft_worker import propose, propose_tree
+from tandem.services.runtime import CacheMiss, KeepPath, ModelRuntime, Step
+from tandem.services.target_verifier import verify, verify_tree
 
 from randompair import llama_config, save_random_model
 from test_workers import prompt
@@ -29,23 +33,26 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def run_alone(runtime: ModelRuntime, job):
-    """A job driven one step at a time through runtime.extend: the unbatched reference."""
+    """A job driven one step at a time, each in a pass and a round of asks of its own: the
+    unbatched reference."""
     try:
         step = next(job)
         while True:
-            try:
-                logits = runtime.extend(step.session_id, step.cache_len, step.tokens, step.keep)
-            except CacheMiss as miss:
-                step = job.throw(miss)
+            if isinstance(step, KeepPath):
+                step = job.send(runtime.keep_paths([step])[0])
+                continue
+            result = runtime.extend_batch([step])[0]
+            if isinstance(result, Exception):
+                step = job.throw(result)
             else:
-                step = job.send(logits)
+                step = job.send(sampler.answer([step.ask], [result])[0] if step.ask else result)
     except StopIteration as done:
         return done.value
 
 
 def _cache(runtime: ModelRuntime, session_id: str) -> torch.Tensor:
-    session = runtime._sessions[session_id]
-    return session.cache.data[:, :, :, :session.length]  # [layers, 2, kv, length, d]
+    session, pool = runtime._sessions[session_id], runtime.forward_pass.pool
+    return pool.flat()[:, :, :, pool.slots(session.cache, 0, session.length)]  # [layers, 2, kv, length, d]
 
 
 # --- the batched forward pass ----------------------------------------------------------------
@@ -191,3 +198,44 @@ def test_a_pass_costs_its_cpu_time_not_the_time_it_waited_for_a_core(model_dir):
     answer = batcher.submit(verify("slow", 0, prompt(8, 1), prompt(3, 2), None, GREEDY)).result(TIMEOUT_S)
     assert answer.compute_ms >= 50
     assert 0 < answer.batching.cost_ms < answer.compute_ms - 40
+
+
+def test_a_round_of_every_kind_of_ask_gives_each_job_its_own_answer(model_dir):
+    """Drafting (chains, trees) and verifying (token, block, trees) under different sampling
+    parameters, greedy among them, all in the same rounds: each answer is the one its job gets
+    alone (tokens exactly, probabilities to float rounding of the larger products)."""
+    params = [GREEDY, SamplingParams(0.7, top_k=5, seed=1), SamplingParams(1.0, top_p=0.9, seed=2),
+              SamplingParams(1.3, top_k=20, top_p=0.8, seed=3), SamplingParams(1.0, seed=4)]
+    parents = (-1, -1, 0, 0, 1)
+    gen = torch.Generator().manual_seed(5)
+
+    def jobs():
+        out = []
+        for i, p in enumerate(params):
+            context = prompt(6 + i, seed=60 + i)
+            drafts = prompt(3, seed=70 + i)
+            draft_probs = None if p.greedy else warp(torch.randn(3, VOCAB, generator=gen), p)
+            # The tree's expanded nodes: the root, 0 and 1.
+            tree_probs = None if p.greedy else warp(torch.randn(3, VOCAB, generator=gen), p)
+            out += [propose(f"c{i}", 0, context, 4, p), propose_tree(f"t{i}", 0, context, [2, 2], p),
+                    verify(f"v{i}", 0, context, drafts, draft_probs, p),
+                    verify(f"b{i}", 0, context, drafts, draft_probs, p, "block"),
+                    verify_tree(f"r{i}", 0, context, Tree(tuple(prompt(5, seed=80 + i)), parents), tree_probs, p)]
+        return out
+
+    gen.manual_seed(5)
+    batcher = Batcher(ModelRuntime(model_dir))
+    gate = threading.Event()
+    batcher.submit(gate.wait)
+    futures = [batcher.submit(job) for job in jobs()]
+    gate.set()
+    batched = [f.result(TIMEOUT_S) for f in futures]
+    gen.manual_seed(5)
+    alone = [run_alone(ModelRuntime(model_dir), job) for job in jobs()]
+    assert max(b.batching.sessions for b in batched) > 20  # they did share passes
+    for b, a in zip(batched, alone):
+        tokens = ["draft_tokens", "parents", "recovered_tokens", "bonus_token", "tree_recovered_tokens", "kept_path"]
+        for name in tokens:
+            assert getattr(b, name, None) == getattr(a, name, None), name
+        for name in ["draft_token_probs", "target_token_probs", "block_accept_probs", "tree_accept_probs"]:
+            np.testing.assert_allclose(getattr(b, name, []), getattr(a, name, []), atol=1e-5)

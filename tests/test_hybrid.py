@@ -27,20 +27,10 @@ from cycles import (
     running_loop,
     sampled_first_tokens,
 )
+from test_batching import run_alone
 from test_cluster import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def drive(job, runtime):
-    """Run a job's steps through the runtime one at a time, as the Batcher does → its answer."""
-    result = None
-    try:
-        while True:
-            step = job.send(result)
-            result = runtime.extend_batch([step])[0]
-    except StopIteration as done:
-        return done.value
 
 
 def argmax_continuation(model, context: list[int], n: int) -> list[int]:
@@ -61,7 +51,7 @@ def test_the_model_drafts_where_the_lookup_misses_from_a_cache_caught_up_on_the_
     prompt = [5, 6, 7, 8, 9, 10]  # no bigram occurs twice: the model drafts
 
     def call(cache_len, tokens, gamma=3):
-        return drive(propose("s", cache_len, tokens, gamma, GREEDY, runtime), runtime)
+        return run_alone(runtime, propose("s", cache_len, tokens, gamma, GREEDY, runtime))
 
     first = call(0, prompt)
     assert first.draft_tokens == argmax_continuation(draft_model, prompt, 3)
@@ -80,8 +70,8 @@ def test_the_model_drafts_where_the_lookup_misses_from_a_cache_caught_up_on_the_
 
 def test_a_session_evicted_from_the_list_is_released_from_the_model(pair):
     runtime = HybridRuntime(Lookup(min_n=2), ModelRuntime(pair["draft"]), max_tokens=12)
-    drive(propose("a", 0, [5, 6, 7, 8, 9], 2, GREEDY, runtime), runtime)
-    drive(propose("b", 0, [15, 16, 17, 18, 19, 20, 21, 22], 2, GREEDY, runtime), runtime)
+    run_alone(runtime, propose("a", 0, [5, 6, 7, 8, 9], 2, GREEDY, runtime))
+    run_alone(runtime, propose("b", 0, [15, 16, 17, 18, 19, 20, 21, 22], 2, GREEDY, runtime))
     assert runtime.num_sessions == 1 and runtime.model.held("a") == 0 and runtime.fed("a") == 0
     assert runtime.cache_bytes > 8 * 9  # the list's tokens and the model's cache
 

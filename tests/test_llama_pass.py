@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.math.tree import Tree
-from tandem.services.llama import Feed, KVBuffer, LlamaPass, unsupported
-from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime
+from tandem.services.llama import Feed, LlamaPass, unsupported
+from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime, Step
 
 from randompair import llama_config, save_random_model
 from test_workers import VOCAB, hf_logits, prompt
@@ -39,13 +39,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("attention", ["small products", "fused kernel"])
+@pytest.mark.parametrize("attention", ["batched", "alone"])
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, monkeypatch, case, attention):
-    """On the CPU a session's attention over few queries × keys takes three small products, over
-    many the fused kernel: both match Hugging Face's."""
-    if attention == "fused kernel":
-        monkeypatch.setattr("tandem.services.llama.SMALL_ATTENTION", 0)
+    """Feeds of up to MAX_BATCHED_QUERIES tokens attend in a group's batched products, longer ones
+    alone in the fused kernel: both match Hugging Face's."""
+    if attention == "alone":
+        monkeypatch.setattr("tandem.services.llama.MAX_BATCHED_QUERIES", 0)
     path, hf = _load(tmp_path, "m", **CASES[case])
     assert unsupported(hf) is None
     runtime = ModelRuntime(path)
@@ -62,8 +62,9 @@ def test_logits_match_hf_through_prefill_steps_crops_and_growth(tmp_path, monkey
         assert got.shape == (keep, VOCAB)
         torch.testing.assert_close(got, hf_logits(hf, seq)[-keep:], atol=2e-5, rtol=1e-4)
     c = hf.config
-    capacity = 92  # 16 positions, then the 46 needed, then doubled
-    assert runtime.cache_bytes == c.num_hidden_layers * 2 * c.num_key_value_heads * capacity * c.head_dim * 4
+    token_bytes = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 4
+    assert runtime.token_bytes == token_bytes
+    assert runtime.cache_bytes == 3 * 16 * token_bytes  # 47 tokens in blocks of 16
 
 
 def test_bfloat16_matches_hf_in_bfloat16(tmp_path):
@@ -133,31 +134,20 @@ def test_failed_pass_forgets_the_session(tmp_path):
     torch.testing.assert_close(runtime.extend("s", 0, seq), hf_logits(hf, seq), atol=2e-5, rtol=1e-4)
 
 
-def test_buffer_growth_keeps_the_prefix():
-    data = torch.arange(2 * 2 * 1 * 4 * 3, dtype=torch.float32).view(2, 2, 1, 4, 3)
-    buf = KVBuffer(data.clone())
-    buf.reserve(4, held=4)
-    assert buf.capacity == 4
-    buf.reserve(5, held=3)
-    assert buf.capacity == 8 and torch.equal(buf.data[:, :, :, :3], data[:, :, :, :3])
-    buf.reserve(20, held=8)
-    assert buf.capacity == 20
-
-
-@pytest.mark.parametrize("attention", ["small products", "fused kernel"])
+@pytest.mark.parametrize("attention", ["batched", "alone"])
 def test_a_token_tree_in_one_pass_scores_every_path_as_its_own_chain(tmp_path, monkeypatch, attention):
     """Each node's logits under the tree mask and depth positions equal Hugging Face's on the
     chain of its path; keeping one path's keys and values then continues like that chain, and a
     second session in the same pass (a chain) is untouched."""
-    if attention == "fused kernel":
-        monkeypatch.setattr("tandem.services.llama.SMALL_ATTENTION", 0)
+    if attention == "alone":
+        monkeypatch.setattr("tandem.services.llama.MAX_BATCHED_QUERIES", 0)
     path, hf = _load(tmp_path, "m")
     runtime = ModelRuntime(path)
     llama = runtime.forward_pass
     seq, other = prompt(9, seed=1), prompt(6, seed=2)
     parents = (-1, -1, 0, 0, 1, 2)  # two children of the root, two under the first, a grandchild
     nodes = prompt(6, seed=3)
-    caches = [llama.new_cache(16), llama.new_cache(16)]
+    caches = [llama.new_cache(), llama.new_cache()]
     with torch.inference_mode():
         llama.forward_batch([Feed(caches[0], 0, seq, 1), Feed(caches[1], 0, other, 1)])
         tree_logits, chain_logits = llama.forward_batch([Feed(caches[0], len(seq), nodes, len(nodes), parents),
@@ -166,8 +156,41 @@ def test_a_token_tree_in_one_pass_scores_every_path_as_its_own_chain(tmp_path, m
         chain = [nodes[j] for j in Tree(tuple(nodes), parents).path(i)]
         torch.testing.assert_close(tree_logits[i], hf_logits(hf, seq + chain)[-1], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(chain_logits, hf_logits(hf, other + nodes[:3])[-3:], atol=2e-5, rtol=1e-4)
-    caches[0].keep_path(len(seq), [0, 2, 5])
+    with torch.inference_mode():
+        llama.keep_paths([(caches[0], len(seq), [0, 2, 5])])
     accepted = seq + [nodes[0], nodes[2], nodes[5]]
     with torch.inference_mode():
         after = llama.forward(caches[0], len(accepted), [7], 1)
     torch.testing.assert_close(after[0], hf_logits(hf, accepted + [7])[-1], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("group_attention", ["products", "fused"])
+def test_one_pass_of_ragged_rows_gives_each_session_its_own_logits(tmp_path, group_attention):
+    """Rows of 1 to 8 new tokens share padded attention groups (a token tree among the chains),
+    one prefill runs alone, contexts differ in length and some were cropped: each row's logits
+    are Hugging Face's on that session's own sequence, with a group's attention in three products
+    (the CPU's) or in the fused kernel under its mask (an accelerator's)."""
+    path, hf = _load(tmp_path, "r")
+    runtime = ModelRuntime(path)
+    llama = runtime.forward_pass
+    llama.fused_groups = group_attention == "fused"
+    contexts = [prompt(n, seed=20 + i) for i, n in enumerate([3, 17, 40, 1, 9, 30, 5, 12])]
+    for i, context in enumerate(contexts):
+        runtime.extend(f"s{i}", 0, context)
+    parents = (-1, -1, 0, 1, 2)
+    steps = [Step("s0", 3, prompt(1, 40)), Step("s1", 10, prompt(3, 41)),  # crops 17 → 10
+             Step("s2", 40, prompt(4, 42)), Step("s3", 1, prompt(2, 43)), Step("s4", 9, prompt(5, 44)),
+             Step("s5", 30, prompt(5, 45), parents=parents), Step("s6", 5, prompt(8, 46)),
+             Step("s7", 12, prompt(1, 47)), Step("fresh", 0, prompt(70, 48))]  # 70 tokens: alone
+    assert sum(len(s.tokens) <= 64 for s in steps) == 8
+    got = runtime.extend_batch(steps)
+    for step, logits in zip(steps, got):
+        held = contexts[int(step.session_id[1:])][:step.cache_len] if step.session_id != "fresh" else []
+        if step.parents is None:
+            torch.testing.assert_close(logits, hf_logits(hf, held + step.tokens)[-len(step.tokens):], atol=2e-5,
+                                       rtol=1e-4)
+            continue
+        for node in range(len(parents)):
+            chain = [step.tokens[j] for j in Tree(tuple(step.tokens), parents).path(node)]
+            torch.testing.assert_close(logits[node], hf_logits(hf, held + chain)[-1], atol=2e-5, rtol=1e-4)
+    assert llama.pool.used == sum(llama.pool.blocks_for(s.cache_len + len(s.tokens)) for s in steps)

@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
 
 from tandem.math.acceptance import count_accepted, output_tokens, verified_tokens
 from tandem.math.params import SamplingParams
-from tandem.math.sampling import Verdict, residual, sample, verify_block, verify_greedy, warp
+from tandem.math.sampling import Verdict, residual, sample, verify_block, verify_greedy, warp, warp_rows
 
 P_MIN = 1e-3  # chi-square p-value below which we call the distributions different
 
@@ -132,6 +132,19 @@ def test_warp_greedy_random_logits():
     assert torch.equal(got.argmax(-1), logits.argmax(-1))
     assert torch.equal(got.sum(-1), torch.ones(16))
     assert torch.equal((got == 1).sum(-1), torch.ones(16, dtype=torch.long))
+
+
+def test_warp_rows_gives_each_row_what_warp_gives_it_alone():
+    """One call for rows of different temperatures, top-k and top-p (greedy rows among them),
+    bit for bit what `warp` gives each row with its own parameters; ties included."""
+    gen = torch.Generator().manual_seed(11)
+    cases = [(0.0, 0, 1.0), *WARP_CASES, (0.0, 3, 0.5)]
+    logits = torch.cat([torch.randn(len(cases), 90, generator=gen) * 3,
+                        torch.randint(-3, 4, (len(cases), 90), generator=gen).float()])  # [2C, V]
+    params = [SamplingParams(*case) for case in cases] * 2
+    got = warp_rows(logits, [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params])
+    for row, p, probs in zip(logits, params, got):
+        assert torch.equal(probs, warp(row, p))
 
 
 # --- sample ----------------------------------------------------------------------------------

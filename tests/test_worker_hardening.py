@@ -115,11 +115,11 @@ class Worker:
     """A `tandem worker` child process, its address and a channel to it (no client-side limits:
     the worker's own must refuse)."""
 
-    def __init__(self, kind: str, model: str, metrics_port: int) -> None:
+    def __init__(self, kind: str, model: str, metrics_port: int, args: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.metrics_port = metrics_port
         cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, "--model", model, "--port", "0", "--threads", "1",
-               "--metrics-port", str(metrics_port), "--parent-pid", str(os.getpid())]
+               "--metrics-port", str(metrics_port), "--parent-pid", str(os.getpid()), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -221,6 +221,23 @@ def test_worker_host_defaults_to_loopback():
     from tandem.cli import parser
 
     assert parser().parse_args(["worker", "draft", "--model", "m"]).host == "127.0.0.1"
+
+
+def test_a_session_the_kv_cache_cannot_hold_is_refused_and_the_worker_serves_on(model_dir):
+    """--max-cache-mb 0 leaves the pool one block (16 tokens): a longer sequence gets
+    RESOURCE_EXHAUSTED naming its tokens, and the ready line states what a token holds."""
+    worker = Worker("target", model_dir, 0, ("--max-cache-mb", "0"))
+    try:
+        worker.wait_ready()
+        assert "max_cache_bytes=0" in worker.ready_line
+        token_bytes = int(worker.ready_line.split("kv_bytes_per_token=")[1].split()[0])
+        assert token_bytes == 1 * 2 * 1 * 32 * 4  # layers × keys and values × KV heads × head dim × float32
+        code, details = status(worker.raw, "Verify", verify(session_id="long", tokens=list(range(3, 20))))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and details.startswith("tokens: "), details
+        answer = worker_pb2.VerifyResponse.FromString(worker.raw("Verify", verify(session_id="short")))
+        assert len(answer.recovered_tokens) == 2
+    finally:
+        worker.stop()
 
 
 def test_a_taken_port_is_one_line(model_dir):

@@ -24,7 +24,7 @@ from tandem.math import block as block_math
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.services import distributions, draft_worker, target_verifier
-from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime
+from tandem.services.runtime import CacheFull, CacheMiss, HFPass, ModelRuntime
 from tandem.services.server import start_server
 from tandem.v1 import sampling_pb2, worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -374,12 +374,12 @@ def test_block_verify_answers_h_from_the_same_pass(draft_stub, target_stub, hf_d
     draft_probs = hf_warped(hf_logits(hf_draft, seq)[len(tokens) - 1:-1], 1.0).double()  # [γ, V]
     drafted = torch.tensor(proposal.draft_tokens)
     ratios = (target_probs[:4].gather(-1, drafted[:, None]) / draft_probs.gather(-1, drafted[:, None]))[:, 0]
-    p = block_math.token_prefix_weights(ratios)  # [γ+1]
+    p = block_math.token_prefix_weights(ratios.tolist())  # [γ+1]
     for i in range(1, 4):
         z = (p[i] * target_probs[i] - draft_probs[i]).clamp(min=0).sum()
         h = 1.0 if p[i] >= 1 else (z / (z + 1 - p[i])).item()
         assert v.block_accept_probs[i - 1] == pytest.approx(h, abs=1e-4)
-    assert v.block_accept_probs[3] == pytest.approx(p[4].item(), abs=1e-4)
+    assert v.block_accept_probs[3] == pytest.approx(p[4], abs=1e-4)
     greedy = verify(target_stub, "vb-greedy", 0, tokens, block(proposal.draft_tokens), GREEDY, verification="block")
     assert greedy.block_accept_probs == []  # greedy: block verification is token-level verification
 
@@ -494,17 +494,15 @@ def test_aio_clients_round_trip(servers, hf_draft, hf_target):
 
 
 def test_runtime_evicts_least_recently_used(draft_dir):
-    runtime = ModelRuntime(draft_dir)
+    block = 16 * ModelRuntime(draft_dir).token_bytes  # a session of up to 16 tokens holds one block
+    runtime = ModelRuntime(draft_dir, max_cache_bytes=int(2.5 * block))  # room for two such sessions
     runtime.extend("a", 0, prompt(10, seed=15))
-    per_session = runtime.cache_bytes
-    assert per_session > 0, "the runtime must measure its caches, or eviction never happens"
-    # Room for about two sessions of 10 tokens.
-    runtime.max_cache_bytes = int(per_session * 2.5)
+    assert runtime.cache_bytes == block
     runtime.extend("b", 0, prompt(10, seed=16))
     assert runtime.num_sessions == 2
     runtime.extend("a", 10, [5])  # touch a: b is now the least recently used
     runtime.extend("c", 0, prompt(10, seed=17))
-    assert runtime.num_sessions == 2 and runtime.cache_bytes <= runtime.max_cache_bytes
+    assert runtime.num_sessions == 2 and runtime.cache_bytes == 2 * block
     with pytest.raises(CacheMiss):
         runtime.extend("b", 10, [5])
     runtime.extend("a", 11, [6])  # a and c survived
@@ -513,18 +511,22 @@ def test_runtime_evicts_least_recently_used(draft_dir):
     runtime.extend("b", 0, prompt(10, seed=16) + [5])
 
 
-def test_runtime_with_room_for_one_session(draft_dir):
-    runtime = ModelRuntime(draft_dir, max_cache_bytes=1)
+def test_runtime_with_room_for_one_block(draft_dir):
+    """The bound holds: a session that cannot fit even alone is refused (RESOURCE_EXHAUSTED,
+    naming its tokens), and one that fits evicts the others."""
+    runtime = ModelRuntime(draft_dir, max_cache_bytes=1)  # one block, the least a pool holds
     logits = runtime.extend("old", 0, prompt(8, seed=18))
     assert logits.shape == (8, VOCAB)
-    # The one session in use is kept even over the bound.
-    assert runtime.num_sessions == 1
     runtime.extend("old", 8, [4])
     runtime.extend("new", 0, prompt(8, seed=19))
     assert runtime.num_sessions == 1
     with pytest.raises(CacheMiss):
         runtime.extend("old", 9, [4])
-    assert not runtime.release("old") and runtime.release("new")
+    with pytest.raises(CacheFull) as refused:
+        runtime.extend("long", 0, prompt(20, seed=20))
+    assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and refused.value.field == "tokens"
+    assert runtime.num_sessions == 0 and runtime.cache_bytes == 0  # what it evicted to try stays evicted
+    assert not runtime.release("old") and not runtime.release("long")
 
 
 def test_runtime_logits_match_hf_after_crop(draft_dir, hf_draft):

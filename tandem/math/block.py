@@ -49,28 +49,60 @@ def block_verdict(
     target_probs [γ+1, V]; draft_tokens [γ] int64; draft_probs [γ, V]; u_recovered [γ] float64.
     """
     gamma = draft_tokens.shape[0]
-    target = target_probs.double()  # [γ+1, V]
-    draft = draft_probs.double()  # [γ, V]
-    token_target = target[:gamma].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [γ]
-    token_draft = draft.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).clamp(min=1e-30)  # [γ]
-    weights = token_prefix_weights(token_target / token_draft)  # [γ+1]: p_0 … p_γ
-    owed = (weights[:gamma, None] * target[:gamma] - draft).clamp_(min=0)  # [γ, V]: row τ unnormalized residual
-    mass = owed.sum(-1)  # [γ]: Z_0 … Z_{γ−1}
-    h = torch.empty(gamma, dtype=torch.float64)  # h_1 … h_γ
-    if gamma:
-        p, z = weights[1:gamma], mass[1:]  # [γ−1] each: p_i and Z_i for i = 1 … γ−1
-        h[: gamma - 1] = torch.where(p >= 1, torch.ones_like(p), z / (z + 1 - p).clamp(min=1e-300))
-        h[gamma - 1] = weights[gamma]
-    residuals = torch.where(mass[:, None] > 0, owed, target[:gamma])  # [γ, V]; an empty one is never used
-    recovered = sample(residuals, u_recovered)  # [γ]
-    bonus = int(sample(target[gamma], torch.tensor(u_bonus, dtype=torch.float64)))
-    return Verdict(token_target.float(), recovered, bonus, h.float())
+    token_target, h, recovered = block_verdicts(target_probs[:gamma], draft_tokens, draft_probs, [gamma], u_recovered)
+    u = torch.tensor(u_bonus, dtype=torch.float64, device=target_probs.device)
+    bonus = int(sample(target_probs[gamma].double(), u))
+    return Verdict(token_target, recovered, bonus, h)
 
 
-def token_prefix_weights(ratios: torch.Tensor) -> torch.Tensor:
+def block_verdicts(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    gammas: list[int],
+    u_recovered: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`block_verdict` for several blocks at once, their drafted positions concatenated (P = the
+    γs' sum): target_probs and draft_probs [P, V] at each drafted position, draft_tokens [P],
+    gammas: each block's γ, u_recovered [P] float64 → (the target probability of each drafted
+    token [P] float32, h [P] float32, the recovered tokens [P]). The vectors take a constant
+    number of operator calls; the O(P) scalars of the prefix weights are plain floats."""
+    target = target_probs.double()  # [P, V]
+    draft = draft_probs.double()  # [P, V]
+    token_target = target.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [P]
+    token_draft = draft.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1).clamp(min=1e-30)  # [P]
+    before, after = [], []  # per position i of a block: p_{i−1} and p_i
+    for gamma, ratios in zip(gammas, _split((token_target / token_draft).tolist(), gammas)):
+        weights = token_prefix_weights(ratios)
+        before.extend(weights[:gamma])
+        after.extend(weights[1:])
+    # [P, V]: each τ's unnormalized residual
+    owed = (target.new_tensor(before)[:, None] * target - draft).clamp_(min=0)
+    mass = owed.sum(-1)  # [P]: Z_0 … Z_{γ−1} of each block
+    h = []
+    at = 0
+    for gamma, z in zip(gammas, _split(mass.tolist(), gammas)):
+        p = after[at:at + gamma]  # p_1 … p_γ
+        h.extend(1.0 if p[i] >= 1 else z[i + 1] / max(z[i + 1] + 1 - p[i], 1e-300) for i in range(gamma - 1))
+        h.extend(p[gamma - 1:])  # h_γ = p_γ
+        at += gamma
+    residuals = torch.where(mass[:, None] > 0, owed, target)  # [P, V]; an empty one is never used
+    recovered = sample(residuals, u_recovered)  # [P]
+    return token_target.float(), torch.tensor(h, dtype=torch.float32), recovered
+
+
+def token_prefix_weights(ratios: list[float]) -> list[float]:
     """target/draft of each drafted token [γ] → p_0 … p_γ [γ+1], p_i = min(p_{i−1} · ratio_i, 1)."""
-    weights = [torch.ones((), dtype=ratios.dtype)]
+    weights = [1.0]
     for ratio in ratios:
-        weights.append(torch.clamp(weights[-1] * ratio, max=1.0))
-    return torch.stack(weights)
+        weights.append(min(weights[-1] * ratio, 1.0))
+    return weights
 
+
+def _split(values: list, sizes: list[int]) -> list[list]:
+    """values cut into consecutive pieces of these sizes."""
+    out, at = [], 0
+    for size in sizes:
+        out.append(values[at:at + size])
+        at += size
+    return out

@@ -30,21 +30,52 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     Greedy gives the one-hot of the argmax (first index on ties, like torch.argmax and
     Hugging Face's greedy search).
     """
+    rows = logits.reshape(-1, logits.shape[-1])  # [R, V]
+    n = rows.shape[0]
+    return warp_rows(rows, [params.temperature] * n, [params.top_k] * n, [params.top_p] * n).view(logits.shape)
+
+
+def warp_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Logits [R, V] → float32 probabilities [R, V], row r warped with its own temperature, top-k
+    and top-p (each list [R]): what `warp` gives each row alone, in a constant number of
+    operator calls. A row of temperature 0 is the one-hot of its argmax."""
     logits = logits.float()
-    if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    scores = logits / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1)  # ascending, like Hugging Face
+    vocab = logits.shape[-1]
+    sampled = [r for r, t in enumerate(temperature) if t > 0]
+    probs = torch.zeros_like(logits) if len(sampled) < len(temperature) else None
+    if len(sampled) < len(temperature):
+        greedy = torch.tensor([r for r, t in enumerate(temperature) if t == 0], device=logits.device)
+        probs[greedy, logits[greedy].argmax(-1)] = 1.0
+    if not sampled:
+        return probs
+    everything = len(sampled) == len(temperature)
+    index = None if everything else torch.tensor(sampled, device=logits.device)
+    # Each divisor is the float32 value of the row's temperature, as a Python scalar would be.
+    t = torch.tensor([temperature[r] for r in sampled], dtype=torch.float32, device=logits.device)  # [S]
+    scores = (logits if everything else logits[index]) / t[:, None]  # [S, V]
+    k_rows = [i for i, r in enumerate(sampled) if top_k[r] > 0]
+    if k_rows:
+        ks = [min(top_k[sampled[i]], vocab) for i in k_rows]
+        sub = torch.tensor(k_rows, device=logits.device)
+        kept = scores[sub]  # [K, V]
+        kth = kept.topk(max(ks), -1).values.gather(-1, torch.tensor(ks, device=logits.device)[:, None] - 1)  # [K, 1]
+        scores[sub] = kept.masked_fill(kept < kth, float("-inf"))
+    p_rows = [i for i, r in enumerate(sampled) if top_p[r] < 1.0]
+    if p_rows:
+        sub = torch.tensor(p_rows, device=logits.device)
+        kept = scores[sub]  # [P, V]
+        sorted_scores, order = torch.sort(kept, dim=-1)  # ascending, like Hugging Face
         cumulative = sorted_scores.softmax(-1).cumsum(-1)
-        remove_sorted = cumulative <= 1 - params.top_p
+        # 1 − top_p in float64, then float32: what comparing with a Python scalar computes.
+        drop = torch.tensor([1 - top_p[sampled[i]] for i in p_rows], dtype=torch.float32, device=logits.device)
+        remove_sorted = cumulative <= drop[:, None]
         remove_sorted[..., -1] = False  # keep at least one token
-        remove = remove_sorted.scatter(-1, order, remove_sorted)
-        scores = scores.masked_fill(remove, float("-inf"))
-    return scores.softmax(-1)
+        scores[sub] = kept.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
+    warped = scores.softmax(-1)
+    if probs is None:
+        return warped
+    probs[index] = warped
+    return probs
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -97,7 +128,8 @@ def verify_block(
     at_drafts = target_probs[:gamma]  # [γ, V]
     token_probs = at_drafts.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [γ]
     recovered = sample(residual(at_drafts, draft_probs), u_recovered)  # [γ]
-    bonus = int(sample(target_probs[gamma], torch.tensor(u_bonus, dtype=torch.float64)))
+    u = torch.tensor(u_bonus, dtype=torch.float64, device=target_probs.device)
+    bonus = int(sample(target_probs[gamma], u))
     return Verdict(token_probs.float(), recovered, bonus)
 
 

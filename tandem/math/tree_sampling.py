@@ -36,15 +36,23 @@ from tandem.math.tree import Tree, Verdict, expanded
 def draw_without_replacement(q: torch.Tensor, u: torch.Tensor) -> list[int]:
     """k distinct tokens from q [V], each from q without the ones before it (u [k] float64):
     what RRSw assumes of a node's children. Fewer when q has fewer than k tokens."""
-    q = q.double().clone()
-    tokens = []
-    for ui in u:
-        if q.sum() <= 0:
-            break
-        token = int(sampling.sample(q, ui))
-        tokens.append(token)
-        q[token] = 0
-    return tokens
+    return draw_children(q[None], [u.tolist()[:int((q > 0).sum())]])[0]
+
+
+def draw_children(q: torch.Tensor, u: list[list[float]]) -> list[list[int]]:
+    """`draw_without_replacement` for several nodes at once, one round per child rank: q [R, V]
+    (each row's support at least len(u[r])), row r drawing one child per uniform of u[r]."""
+    q = q.double().clone()  # [R, V]
+    children: list[list[int]] = [[] for _ in u]
+    for k in range(max(map(len, u), default=0)):
+        active = [r for r, ur in enumerate(u) if len(ur) > k]
+        rows = torch.tensor(active, device=q.device)
+        draws = torch.tensor([u[r][k] for r in active], dtype=torch.float64, device=q.device)
+        tokens = sampling.sample(q[rows], draws)  # [A]
+        q[rows, tokens] = 0
+        for r, token in zip(active, tokens.tolist()):
+            children[r].append(token)
+    return children
 
 
 def verdict(tree: Tree, target: torch.Tensor, draft: torch.Tensor, u_residual: list[float],
@@ -53,18 +61,59 @@ def verdict(tree: Tree, target: torch.Tensor, draft: torch.Tensor, u_residual: l
     distribution per row; draft [e, V]: the draft's at each expanded node (`expanded` order);
     u_residual [n+1] float64, one per row. residual=False skips the residual step: wrong, kept
     as the tests' negative control."""
-    accept_probs = [0.0] * len(tree)
-    recovered = []
-    rows = {node: i for i, node in enumerate(expanded(tree.parents))}
-    for node in range(-1, len(tree)):
-        kids = tree.children[node]
-        q = draft[rows[node]] if kids else None
-        ratios, token = node_verdict(target[node + 1], q, [tree.tokens[c] for c in kids], u_residual[node + 1],
-                                     residual)
-        for child, ratio in zip(kids, ratios):
-            accept_probs[child] = ratio
-        recovered.append(token)
-    return Verdict(accept_probs, recovered)
+    return verdicts([tree], target, draft, [u_residual], residual)[0]
+
+
+def verdicts(trees: list[Tree], target: torch.Tensor, draft: torch.Tensor | None, u_residual: list[list[float]],
+             residual: bool = True) -> list[Verdict]:
+    """`verdict` for several trees at once: every node of every tree takes its k-th child in
+    the same round (a round per child rank, not per node), then every row draws its token in one
+    call. target [N, V]: every tree's n+1 rows, tree after tree; draft [E, V]: every tree's
+    expanded nodes, in the same order (None: no tree has nodes)."""
+    rows = [(t, node) for t, tree in enumerate(trees) for node in range(-1, len(tree))]
+    expanded_rows = [i for i, (t, node) in enumerate(rows) if trees[t].children[node]]
+    p_all = target.to(torch.float64, copy=True)  # [N, V]: each row's target, then what is left of it
+    if expanded_rows:
+        q = draft.to(p_all.device, torch.float64, copy=True)  # [E, V], in rows' order
+        index = torch.tensor(expanded_rows, device=p_all.device)
+        p = p_all[index]  # [E, V]
+        kids = [[trees[rows[i][0]].tokens[c] for c in trees[rows[i][0]].children[rows[i][1]]] for i in expanded_rows]
+        ratios = _rounds(p, q, kids, residual)
+        p_all[index] = p
+    u = torch.tensor([x for us in u_residual for x in us], dtype=torch.float64, device=p_all.device)  # [N]
+    recovered = sampling.sample(p_all, u).tolist()
+    out, at, e = [], 0, 0
+    for tree in trees:
+        accept_probs = [0.0] * len(tree)
+        for node in range(-1, len(tree)):
+            if tree.children[node]:
+                for child, ratio in zip(tree.children[node], ratios[e]):
+                    accept_probs[child] = ratio
+                e += 1
+        out.append(Verdict(accept_probs, recovered[at:at + len(tree) + 1]))
+        at += len(tree) + 1
+    return out
+
+
+def _rounds(p: torch.Tensor, q: torch.Tensor, kids: list[list[int]], residual: bool) -> list[list[float]]:
+    """RRSw at every expanded node at once, in place: p, q [E, V] float64, kids[e] the node's
+    children's tokens → each child's accept probability; p ends as what is left to draw from."""
+    ratios: list[list[float]] = [[] for _ in kids]
+    for k in range(max(map(len, kids))):
+        active = [e for e, ks in enumerate(kids) if len(ks) > k]
+        rows = torch.tensor(active, device=p.device)
+        tokens = torch.tensor([kids[e][k] for e in active], device=p.device)
+        each = torch.arange(len(active), device=p.device)
+        p_k, q_k = p[rows], q[rows]  # [A, V]
+        q_token = q_k[each, tokens]  # [A]
+        ratio = torch.where(q_token > 0, (p_k[each, tokens] / q_token).clamp(max=1.0), 0.0)
+        for e, r in zip(active, ratio.tolist()):
+            ratios[e].append(r)
+        if residual:
+            p[rows] = sampling.residual(p_k, q_k)  # the target itself where it is q: that rejection had probability 0
+        q_k[each, tokens] = 0
+        q[rows] = q_k / q_k.sum(-1, keepdim=True).clamp(min=1e-300)
+    return ratios
 
 
 def node_verdict(p: torch.Tensor, q: torch.Tensor | None, children: list[int], u_residual: float,
@@ -72,15 +121,7 @@ def node_verdict(p: torch.Tensor, q: torch.Tensor | None, children: list[int], u
     """RRSw at one node. p, q [V]: the target's and the draft's distributions there (q: None for
     a leaf); children: the tokens drawn from q without replacement → (each child's accept
     probability given its earlier siblings' rejection, the token drawn from what is left)."""
-    p = p.double().clone()  # [V]
-    ratios = []
-    if children:
-        q = q.double().clone()  # [V]
-    for token in children:
-        q_token = float(q[token])
-        ratios.append(min(1.0, float(p[token]) / q_token) if q_token > 0 else 0.0)
-        if residual:
-            p = sampling.residual(p, q)  # the target itself where it is q: that rejection had probability 0
-        q[token] = 0
-        q = q / q.sum().clamp(min=1e-300)
-    return ratios, int(sampling.sample(p, torch.tensor(u_residual, dtype=torch.float64)))
+    node = Tree(tuple(children), (-1,) * len(children))
+    targets = torch.cat([p[None], p.new_zeros(len(children), p.shape[-1])])  # the children's rows are unused
+    v = verdict(node, targets, q[None] if children else None, [u_residual] + [0.0] * len(children), residual)
+    return v.accept_probs, v.recovered[0]

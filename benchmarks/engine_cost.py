@@ -1,0 +1,173 @@
+"""What the workers' engines cost per generated token when every step is batched over all the
+sessions in flight, as a control plane that steps them together would feed them.
+
+In one process, the shipped pair and the held-out prompts, greedy: n sessions generate up to
+`--max-tokens` tokens each, cycle after cycle. Each cycle submits every unfinished session's
+draft job (γ tokens) to the draft worker's Batcher and waits for them all, then every session's
+verify job to the target's Batcher, then accepts (tandem.math.acceptance). The model threads'
+CPU time (from /proc, each Batcher's own thread) divided by the tokens generated is each
+engine's CPU per token; no gRPC, no orchestrator, nothing else counted. With `--baseline
+COMMIT` the same loop runs on that commit's engine in a subprocess (benchmarks/baseline.py):
+the "before" rows.
+
+    .venv/bin/python benchmarks/engine_cost.py [--sessions 1,8,32,64] [--gammas 0,3] [--baseline COMMIT]
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import baseline
+import torch
+from transformers import AutoTokenizer
+
+from tandem.math.acceptance import count_accepted, output_tokens
+from tandem.math.params import SamplingParams
+from tandem.services.batching import Batcher
+from tandem.services.draft_worker import propose
+from tandem.services.runtime import ModelRuntime
+from tandem.services.target_verifier import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results"
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def thread_cpu_s(native_id: int) -> float:
+    """CPU seconds of one of this process's threads, from /proc."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def warm_pool(runtime: ModelRuntime, tokens: int) -> None:
+    """Grow the runtime's KV pool to hold `tokens`, as a worker under load has (growing zero-fills
+    the new blocks); an engine without a pool (before batching) grows per session."""
+    pool = getattr(runtime.forward_pass, "pool", None)
+    if pool is not None:
+        from tandem.services.kv import BlockTable
+
+        table = BlockTable()
+        pool.reserve(table, tokens)
+        pool.release(table)
+
+
+class Session:
+    """One generation's committed tokens and what each worker's cache holds of them."""
+
+    def __init__(self, name: str, prompt: list[int]) -> None:
+        self.name, self.prompt, self.tokens = name, len(prompt), list(prompt)
+        self.draft_held = self.target_held = 0
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt
+
+
+def generate(draft: Batcher, target: Batcher, prompts: list[list[int]], gamma: int, max_tokens: int,
+             eos: tuple[int, ...]) -> tuple[int, int]:
+    """Every session to max_tokens or EOS, all sessions in every round → (tokens, session cycles)."""
+    sessions = [Session(f"s{i}-{time.monotonic_ns()}", p) for i, p in enumerate(prompts)]
+    active, cycles = list(sessions), 0
+    while active:
+        cycles += len(active)
+        proposals = [None] * len(active)
+        if gamma:
+            futures = [draft.submit(propose(s.name, s.draft_held, s.tokens[s.draft_held:], gamma, GREEDY))
+                       for s in active]
+            proposals = [f.result() for f in futures]
+        futures = [target.submit(verify(s.name, s.target_held, s.tokens[s.target_held:],
+                                        p.draft_tokens if p else [], None, GREEDY)) for s, p in zip(active, proposals)]
+        for s, p, f in zip(active, proposals, futures):
+            v, before = f.result(), len(s.tokens)
+            drafted = p.draft_tokens if p else []
+            accepted = count_accepted([1.0] * len(drafted), v.target_token_probs, [0.5] * len(drafted))
+            new = output_tokens(drafted, accepted, v.recovered_tokens, v.bonus_token)
+            s.tokens += new[:max_tokens - s.generated]
+            s.target_held = before + accepted
+            s.draft_held = before + min(accepted, max(gamma - 1, 0)) if gamma else 0
+        done = [s for s in active if s.generated >= max_tokens or any(t in eos for t in s.tokens[s.prompt:])]
+        for s in done:
+            draft.submit(lambda name=s.name: draft.runtime.release(name)).result()
+            target.submit(lambda name=s.name: target.runtime.release(name)).result()
+        active = [s for s in active if s not in done]
+    return sum(s.generated for s in sessions), cycles
+
+
+def measure(counts: list[int], gammas: list[int], max_tokens: int) -> list[dict]:
+    draft_dir, target_dir = ROOT / "models" / "draft", ROOT / "models" / "target"
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    prompts = [tokenizer.encode(json.loads(line)["prompt"])
+               for line in (ROOT / "benchmarks" / "prompts" / "heldout.jsonl").read_text().splitlines()]
+    draft, target = Batcher(ModelRuntime(str(draft_dir))), Batcher(ModelRuntime(str(target_dir)))
+    eos = target.runtime.info.eos_token_ids
+    generate(draft, target, prompts[:2], 3, 8, eos)  # warm-up
+    for batcher in (draft, target):  # grow the KV pools once, to what the largest level holds
+        batcher.submit(lambda runtime=batcher.runtime: warm_pool(runtime, max(counts) * 512)).result()
+    rows = []
+    for n in counts:
+        batch = [prompts[i % len(prompts)] for i in range(n)]
+        for gamma in gammas:
+            threads = {"draft": draft._thread.native_id, "target": target._thread.native_id}
+            before = {k: thread_cpu_s(t) for k, t in threads.items()}
+            start = time.perf_counter()
+            tokens, cycles = generate(draft, target, batch, gamma, max_tokens, eos)
+            wall = time.perf_counter() - start
+            cpu = {k: (thread_cpu_s(t) - before[k]) * 1e3 / tokens for k, t in threads.items()}
+            rows.append({"sessions": n, "gamma": gamma, "tokens": tokens, "tokens_per_cycle": tokens / cycles,
+                         "draft_cpu_ms_per_token": cpu["draft"], "target_cpu_ms_per_token": cpu["target"],
+                         "tokens_per_s": tokens / wall})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", default="1,8,32,64")
+    parser.add_argument("--gammas", default="0,3")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    baseline.add_arguments(parser)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as a worker runs here
+    counts, gammas = [int(n) for n in args.sessions.split(",")], [int(g) for g in args.gammas.split(",")]
+    results = baseline.compare(args, lambda: measure(counts, gammas, args.max_tokens))
+    if results:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "engine_cost.json").write_text(json.dumps(results, indent=1))
+        write_table(results)
+
+
+def write_table(results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = [e for e in ("before", "batched") if e in results]
+    lines = ["| sessions | γ | tokens per cycle | " + " | ".join(
+        f"{e}: target CPU ms/token | {e}: draft CPU ms/token" for e in engines) + " |",
+        "|---|---|---|" + "---|---|" * len(engines)]
+    for i, r in enumerate(results["batched"]):
+        cells = " | ".join(f"{results[e][i]['target_cpu_ms_per_token']:.2f} | "
+                           f"{results[e][i]['draft_cpu_ms_per_token']:.2f}" for e in engines)
+        lines.append(f"| {r['sessions']} | {r['gamma']} | {r['tokens_per_cycle']:.2f} | {cells} |")
+    (OUT / "engine_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, worker in zip(axes, ("target", "draft")):
+        for e in engines:
+            for gamma in sorted({r["gamma"] for r in results[e]}):
+                points = [r for r in results[e] if r["gamma"] == gamma]
+                ax.plot([r["sessions"] for r in points], [r[f"{worker}_cpu_ms_per_token"] for r in points],
+                        marker="o", linestyle="-" if e == "batched" else "--", label=f"{e}, γ = {gamma}")
+        ax.set(title=f"{worker} worker's model thread", xlabel="sessions in flight",
+               ylabel="CPU ms per generated token", xscale="log")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "engine_cost.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()

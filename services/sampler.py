@@ -1,0 +1,247 @@
+"""What the workers compute from logits, for every step of a round at once.
+
+A job's step carries an ask (tandem.services.runtime.Step.ask): draw a drafted token (`Draw`),
+draw a tree depth's children (`Branch`), check a drafted chain (`Check`) or tree (`CheckTree`).
+After a forward pass, `answer` takes every ask of the pass together: one warp of all the rows
+that sample, each with its own temperature, top-k and top-p (tandem.math.sampling.warp_rows),
+one argmax of all the rows that are greedy, then each kind's draws and verdicts over all of its
+rows at once. The operator calls of a round do not grow with its sessions; what does is plain
+Python over O(γ) numbers per session and the protobuf messages of the draft distributions.
+
+The numbers are those each step would get alone: the same warped distributions row by row, the
+same counter-based uniforms (tandem.math.rng), the same draws.
+"""
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tandem.math import tree as tree_math
+from tandem.math import tree_sampling
+from tandem.math.block import block_verdicts
+from tandem.math.params import SamplingParams
+from tandem.math.rng import Purpose, node_uniforms, uniform, uniforms
+from tandem.math.sampling import residual, sample, warp_rows
+from tandem.services import distributions
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Draft one token from the step's row: its argmax (greedy), or a draw with the uniform of
+    the token's absolute position → `Drawn`."""
+
+    params: SamplingParams
+    position: int
+
+
+@dataclass(frozen=True)
+class Drawn:
+    token: int
+    prob: float  # its draft probability (1 greedy)
+    distribution: Any = None  # the warped distribution, packed (tandem.services.distributions); None greedy
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A tree depth's children for each of the step's rows: each row's `width` top tokens
+    (greedy), or as many drawn without replacement, row r's draws keyed by the node indices its
+    children get (uniforms: the depth's, from its first node on) → `Branched`."""
+
+    params: SamplingParams
+    width: int
+    uniforms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Branched:
+    children: list[list[int]]  # per row
+    probs: list[list[float]]  # each child's draft probability (1 greedy)
+    distributions: list  # per row, packed; empty greedy
+
+
+@dataclass(frozen=True)
+class Check:
+    """Verify a drafted chain from the step's γ+1 rows (the target after each drafted prefix):
+    token by token, or as a block (verification "block", sampled requests) → `Checked`.
+    draft_probs [γ, V]: the draft's distributions; None for one-hot drafts."""
+
+    params: SamplingParams
+    draft_tokens: tuple[int, ...]
+    draft_probs: torch.Tensor | None
+    position: int  # absolute position of the first drafted token
+    verification: str = "token"
+
+
+@dataclass(frozen=True)
+class Checked:
+    target_token_probs: list[float]
+    recovered_tokens: list[int]
+    bonus_token: int
+    block_accept_probs: list[float]  # empty unless block verification of a sampled request
+
+
+@dataclass(frozen=True)
+class CheckTree:
+    """Verify a token tree from the step's n+1 rows (the root, then each node) → a
+    tandem.math.tree.Verdict whose accept probabilities are rounded to float32, as the wire
+    carries them. draft_probs [e, V] at each expanded node; None when greedy."""
+
+    params: SamplingParams
+    tree: tree_math.Tree
+    draft_probs: torch.Tensor | None
+    position: int  # absolute position of the depth-1 nodes
+
+
+def answer(asks: list, logits: list[torch.Tensor]) -> list:
+    """Every ask of a round → its answer, from its step's logits [rows, V]. The rows of every
+    sampled ask are warped in one call, those of every greedy ask take one argmax; then each
+    kind answers all of its asks at once, reading their rows by index."""
+    out: list = [None] * len(asks)
+    for greedy in (True, False):
+        chosen = [i for i, ask in enumerate(asks) if ask.params.greedy == greedy]
+        if not chosen:
+            continue
+        rows = torch.cat([logits[i] for i in chosen])  # [R, V]
+        values = rows.argmax(-1).tolist() if greedy else _warp(rows, [(asks[i].params, len(logits[i])) for i in chosen])
+        firsts = [0, *itertools.accumulate(len(logits[i]) for i in chosen)]
+        for kind, handler in _HANDLERS.items():
+            mine = [j for j, i in enumerate(chosen) if isinstance(asks[i], kind)]
+            if mine:
+                spans = [range(firsts[j], firsts[j + 1]) for j in mine]
+                for j, result in zip(mine, handler([asks[chosen[j]] for j in mine], spans, values, rows, greedy)):
+                    out[chosen[j]] = result
+    return out
+
+
+def _warp(rows: torch.Tensor, params: list[tuple[SamplingParams, int]]) -> torch.Tensor:
+    """Every sampled row of the round warped in one call, each with its ask's parameters → [R, V] float32."""
+    per_row = [p for p, n in params for _ in range(n)]
+    return warp_rows(rows, [p.temperature for p in per_row], [p.top_k for p in per_row], [p.top_p for p in per_row])
+
+
+def _index(rows, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(list(rows), dtype=torch.long, device=like.device)
+
+
+def _draws(asks: list[Draw], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list[Drawn]:
+    if greedy:  # warp's one-hot and its draw, without vocabulary-sized work
+        return [Drawn(values[span[-1]], 1.0) for span in spans]
+    probs = values.index_select(0, _index((span[-1] for span in spans), values))  # [A, V]
+    u = torch.tensor([uniform(a.params.seed, a.position, Purpose.DRAFT) for a in asks], dtype=torch.float64,
+                     device=probs.device)
+    tokens = sample(probs, u)  # [A]
+    token_probs = probs.gather(-1, tokens[:, None])[:, 0].tolist()
+    packed = distributions.pack(probs)
+    return [Drawn(t, p, d) for t, p, d in zip(tokens.tolist(), token_probs, packed)]
+
+
+def _branches(asks: list[Branch], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list[Branched]:
+    index = _index((r for span in spans for r in span), rows)
+    widths = [a.width for a, span in zip(asks, spans) for _ in span]  # per row
+    if greedy:  # each node's top tokens; one-hot drafts need no distributions
+        top = rows.index_select(0, index).topk(min(max(widths), rows.shape[-1]), -1).indices.tolist()
+        children = [t[:w] for t, w in zip(top, widths)]
+        probs, packed = [[1.0] * len(c) for c in children], [None] * len(children)
+    else:
+        q = values.index_select(0, index)  # [R, V]: every node's draft distribution
+        children = tree_sampling.draw_children(q, _child_uniforms(asks, spans, (q > 0).sum(-1).tolist()))
+        flat = _index((r * q.shape[-1] + t for r, kids in enumerate(children) for t in kids), q)
+        probs = _cut(q.flatten()[flat].tolist(), [len(c) for c in children])
+        packed = distributions.pack(q)
+    sizes = [len(span) for span in spans]
+    return [Branched(c, p, [] if greedy else d)
+            for c, p, d in zip(_cut(children, sizes), _cut(probs, sizes), _cut(packed, sizes))]
+
+
+def _child_uniforms(asks: list[Branch], spans: list[range], support: list[int]) -> list[list[float]]:
+    """Per row, the uniforms of its draws: min(width, its support) of them, keyed by the nodes its
+    children become, after the children of the rows before it in its ask."""
+    draws, at = [], 0
+    for ask, span in zip(asks, spans):
+        used = 0
+        for r in range(at, at + len(span)):
+            count = min(ask.width, support[r])
+            draws.append(list(ask.uniforms[used:used + count]))
+            used += count
+        at += len(span)
+    return draws
+
+
+def _cut(values: list, sizes: list[int]) -> list[list]:
+    """values in consecutive pieces of these sizes."""
+    starts = [0, *itertools.accumulate(sizes)]
+    return [values[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def _checks(asks: list[Check], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list[Checked]:
+    gammas = [len(a.draft_tokens) for a in asks]
+    if greedy:  # one-hot distributions: the target's argmax decides (tandem.math.sampling.verify_greedy)
+        out = []
+        for ask, span, g in zip(asks, spans, gammas):
+            argmax = values[span[0]:span[-1] + 1]
+            out.append(Checked([1.0 if a == t else 0.0 for a, t in zip(argmax, ask.draft_tokens)], argmax[:g],
+                               argmax[g], []))
+        return out
+    target = values.index_select(0, _index((r for span in spans for r in span[:-1]), values))  # [P, V]
+    device = target.device
+    drafts = torch.tensor([t for a in asks for t in a.draft_tokens], dtype=torch.long, device=device)  # [P]
+    draft = _draft_probs(asks, gammas, drafts, target.shape[-1])  # [P, V]
+    u = [x for a, g in zip(asks, gammas) for x in uniforms(a.params.seed, a.position, g, Purpose.RECOVERED)]
+    u = torch.tensor(u, dtype=torch.float64, device=device)  # [P]
+    is_block = [a.verification == "block" for a in asks]
+    starts = [0, *itertools.accumulate(gammas)]
+    token_probs, recovered, h = [0.0] * len(drafts), [0] * len(drafts), [None] * len(drafts)
+    for mode in (False, True):
+        at = [i for a, b in enumerate(is_block) if b == mode for i in range(starts[a], starts[a + 1])]
+        if not at:
+            continue
+        index = torch.tensor(at, dtype=torch.long, device=device)
+        t, d = target[index], draft[index]
+        if mode:  # block verification (tandem.math.block)
+            block_gammas = [g for g, b in zip(gammas, is_block) if b]
+            probs, accept, drawn = block_verdicts(t, drafts[index], d, block_gammas, u[index])
+            for i, x in zip(at, accept.tolist()):
+                h[i] = x
+        else:  # token by token: each position's residual (tandem.math.sampling.verify_block)
+            probs, drawn = t.gather(-1, drafts[index, None])[:, 0].float(), sample(residual(t, d), u[index])
+        for i, p, r in zip(at, probs.tolist(), drawn.tolist()):
+            token_probs[i], recovered[i] = p, r
+    bonus_u = torch.tensor([uniform(a.params.seed, a.position + g, Purpose.BONUS) for a, g in zip(asks, gammas)],
+                           dtype=torch.float64, device=device)
+    after = values.index_select(0, _index((span[-1] for span in spans), values))  # [A, V]: the target after each block
+    bonus = sample(after, bonus_u).tolist()
+    return [Checked(p, r, b, a if block else []) for p, r, b, a, block
+            in zip(_cut(token_probs, gammas), _cut(recovered, gammas), bonus, _cut(h, gammas), is_block)]
+
+
+def _draft_probs(asks: list[Check], gammas: list[int], drafts: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Every block's draft distributions [P, V]; a one-hot draft's from its tokens."""
+    given = [a.draft_probs for a in asks if a.draft_probs is not None]
+    if len(given) == len(asks):
+        return torch.cat(given).to(drafts.device)
+    draft = torch.zeros(len(drafts), vocab, device=drafts.device)
+    rows = _cut(list(range(len(drafts))), gammas)  # each block's positions
+    if given:
+        draft[_index((r for a, rs in zip(asks, rows) if a.draft_probs is not None for r in rs), drafts)] = \
+            torch.cat(given).to(drafts.device)
+    one_hot = _index((r for a, rs in zip(asks, rows) if a.draft_probs is None for r in rs), drafts)
+    draft[one_hot, drafts[one_hot]] = 1.0
+    return draft
+
+
+def _check_trees(asks: list[CheckTree], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list:
+    if greedy:
+        verdicts = [tree_math.greedy_verdict(a.tree, values[span[0]:span[-1] + 1]) for a, span in zip(asks, spans)]
+    else:
+        target = values.index_select(0, _index((r for span in spans for r in span), values))  # [N, V]
+        drafts = [a.draft_probs for a in asks if a.draft_probs is not None]
+        u = [node_uniforms(a.params.seed, a.position, len(a.tree) + 1, Purpose.TREE_RECOVERED) for a in asks]
+        verdicts = tree_sampling.verdicts([a.tree for a in asks], target, torch.cat(drafts) if drafts else None, u)
+    # As the wire carries them: the orchestrator walks with these float32 values.
+    rounded = torch.tensor([p for v in verdicts for p in v.accept_probs], dtype=torch.float32).tolist()
+    return [tree_math.Verdict(p, v.recovered) for p, v in zip(_cut(rounded, [len(a.tree) for a in asks]), verdicts)]
+
+
+_HANDLERS = {Draw: _draws, Branch: _branches, Check: _checks, CheckTree: _check_trees}
