@@ -29,10 +29,14 @@ from tandem.services.kv import BlockTable, KVPool
 
 # RoPE variants whose frequencies are fixed at load time (dynamic ones change with length).
 STATIC_ROPE = ("default", "linear", "llama3")
-# Rows of a pass with at most this many new tokens share their attention calls with the rows of
-# a similar count (padded to a power of two); a longer one (a prefill) runs alone in the fused
-# kernel, whose memory stays linear in its length.
+# Rows of a pass with at most this many new tokens share attention calls, padded to the most new
+# tokens among them; a longer one (a prefill) runs alone in the fused kernel, whose memory stays
+# linear in its length.
 MAX_BATCHED_QUERIES = 64
+# On the CPU, what one more attention call costs (a dozen operator calls, ~0.1 ms here), in the
+# multiply-adds of padding queries it would save: rows join a call while their padding costs less.
+# Elsewhere padding is nearly free and calls are kernel launches: one call takes all the rows.
+CPU_CALL_MACS = 1_000_000
 
 
 def to_column_major(w: torch.Tensor) -> torch.Tensor:
@@ -96,16 +100,21 @@ class Feed:
 @dataclass
 class _Group:
     """Rows of a pass that share one attention call per layer: R sessions with at most n new
-    tokens each, over at most L cache positions (whole blocks)."""
+    tokens each, over at most L cache positions (in W ≥ L gathered from whole blocks)."""
 
     rows: int  # R
     queries: int  # n
     keys: int  # L
-    blocks: torch.Tensor  # [R·L/block] block ids, each row's in order (padded with block 0)
-    tokens: torch.Tensor  # [R·n] the pass's token behind each (row, query); padding repeats a row's last
-    bias: torch.Tensor  # [R, 1, n, L] additive: 0 where a query sees a key, −inf elsewhere
-    real: torch.Tensor | None  # positions of the real queries among the R·n (None: all are)
-    out: torch.Tensor  # [the real queries] their rows in the pass's output
+    width: int  # W
+    span: tuple[int, int] | None  # the pass's tokens first..last when they are the group's queries as they stand
+    blocks: Any  # [R·W/block] block ids, each row's in order (padded with block 0)
+    tokens: Any  # [R·n] the pass's token behind each (row, query); padding repeats a row's last
+    limit: Any  # [R·n] the last cache position each query sees (a padding query: 0)
+    real: Any  # positions of the real queries among the R·n (None: all are)
+    out: Any  # [the real queries] their rows in the pass's output
+    # (the above: tensors on the device, places in the pass's _Indices before it sends them)
+    trees: np.ndarray | None = None  # [R, n, L] what each query sees, where a row is a token tree
+    hidden: torch.Tensor | None = None  # [R, 1, n, L] bool: a key the query may not see
 
 
 @dataclass
@@ -115,7 +124,7 @@ class _Alone:
 
     first: int
     n: int
-    slots: torch.Tensor | None
+    slots: Any  # a tensor (a place in the pass's _Indices before), or None
     mask: torch.Tensor | None
 
 
@@ -123,10 +132,35 @@ class _Alone:
 class _Plan:
     """What every layer of one pass needs, built once: where new keys go, who attends to what."""
 
+    tokens: torch.Tensor  # [T] the token ids, feeds in order
+    positions: torch.Tensor | None  # [T] their rotary positions (None: one chain, start..start+T)
     slots: torch.Tensor  # [T] the pool slot of each new token
     groups: list[_Group]
     alone: list[_Alone]
     keep: torch.Tensor  # [K] the tokens whose logits are wanted, feeds in order
+
+
+class _Indices:
+    """The integer arrays a pass needs, gathered on the host and sent to the device as one
+    tensor (one copy per pass, not one per array): `add` returns where an array will be,
+    `view` what is there once `send` has run."""
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+        self._size = 0
+        self._sent: torch.Tensor | None = None
+
+    def add(self, values) -> slice:
+        part = np.asarray(values, dtype=np.int64).reshape(-1)
+        self._parts.append(part)
+        self._size += part.size
+        return slice(self._size - part.size, self._size)
+
+    def send(self, device: torch.device) -> None:
+        self._sent = torch.from_numpy(np.concatenate(self._parts)).to(device, non_blocking=True)
+
+    def view(self, where: slice | None) -> torch.Tensor | None:
+        return None if where is None else self._sent[where]
 
 
 class LlamaPass:
@@ -155,6 +189,7 @@ class LlamaPass:
         self.inv_freq, self.rope_scale = rotary.inv_freq.detach().float(), rotary.attention_scaling
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
+        self._keys = torch.arange(0, device=self.device)  # cache positions, grown as groups need
         self.pool = KVPool(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device, max_cache_bytes)
         self.fused_groups = self.device.type != "cpu"  # a group's attention in the fused kernel (_attend)
 
@@ -203,7 +238,8 @@ class LlamaPass:
             target += self.pool.slots(cache, start, start + len(nodes))
         if source:
             flat = self.pool.flat()  # [layers, 2, kv, S, d]
-            flat[:, :, :, self._index(target)] = flat[:, :, :, self._index(source)]
+            index = torch.tensor([target, source], device=self.device)  # [2, moved]
+            flat[:, :, :, index[0]] = flat[:, :, :, index[1]]
 
     # --- the pass ----------------------------------------------------------------------------
 
@@ -220,8 +256,8 @@ class LlamaPass:
             if not self.pool.reserve(f.cache, f.start + len(f.tokens)):
                 raise MemoryError("the KV pool cannot hold this pass: reserve before it (ModelRuntime does)")
         plan = self._plan(feeds)
-        cos, sin = self._rope(feeds)  # [T, 1, d] each
-        x = self.embed[self._index([t for f in feeds for t in f.tokens])]  # [T, H]
+        cos, sin = self._rope(feeds, plan.positions)  # [T, 1, d] each
+        x = self.embed[plan.tokens]  # [T, H]
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer["attn_norm"])
             x = x + self._attention(index, layer, h, cos, sin, plan)
@@ -231,55 +267,93 @@ class LlamaPass:
         logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V]
         return list(logits.split([f.keep for f in feeds]))
 
-    def _index(self, values) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
-
     def _plan(self, feeds: list[Feed]) -> _Plan:
-        """Slots, attention groups and kept rows of a pass (plain Python and numpy, then a few
-        copies to the device)."""
+        """Slots, attention groups and kept rows of a pass: plain Python and numpy, then one copy
+        of their integers to the device (and one of each group's mask)."""
+        ints = _Indices()
         lengths = [len(f.tokens) for f in feeds]
         firsts = [0, *itertools.accumulate(lengths)][:-1]
-        slots, groups, alone = [], {}, []
-        for i, f in enumerate(feeds):
-            slots += self.pool.slots(f.cache, f.start, f.start + lengths[i])
-            if lengths[i] <= MAX_BATCHED_QUERIES:
-                groups.setdefault(1 << (lengths[i] - 1).bit_length(), []).append(i)
+        tokens = ints.add([t for f in feeds for t in f.tokens])
+        one_chain = len(feeds) == 1 and feeds[0].parents is None
+        positions = None if one_chain else ints.add([p for f in feeds for p in f.positions()])
+        slots = ints.add([s for f, n in zip(feeds, lengths) for s in self.pool.slots(f.cache, f.start, f.start + n)])
+        keep = ints.add([t for f, first, n in zip(feeds, firsts, lengths)
+                         for t in range(first + n - f.keep, first + n)])  # the rows whose logits are wanted
+        alone = [self._alone(f, first, ints) for f, first, n in zip(feeds, firsts, lengths) if n > MAX_BATCHED_QUERIES]
+        groups = [self._group([feeds[i] for i in rows], [firsts[i] for i in rows], ints)
+                  for rows in self._grouped(feeds, lengths)]
+        ints.send(self.device)
+        for g in groups:
+            g.blocks, g.tokens, g.limit, g.real, g.out = (ints.view(w) for w in (g.blocks, g.tokens, g.limit, g.real,
+                                                                                 g.out))
+            g.hidden = self._mask(g)
+        for a in alone:
+            a.slots = ints.view(a.slots)
+        return _Plan(ints.view(tokens), ints.view(positions), ints.view(slots), groups, alone, ints.view(keep))
+
+    def _grouped(self, feeds: list[Feed], lengths: list[int]) -> list[list[int]]:
+        """The feeds of at most MAX_BATCHED_QUERIES tokens, by attention call: in order of their
+        token counts, a feed joins the call before it while the padding it adds to that call's
+        rows costs less than a call of its own (CPU_CALL_MACS; on an accelerator, always)."""
+        budget = CPU_CALL_MACS if self.device.type == "cpu" else float("inf")
+        per_query = 2 * self.heads * self.head_dim  # multiply-adds per query and key, scores and values
+        calls: list[list[int]] = []
+        widest = 0  # the current call's most tokens
+        for i in sorted((i for i, n in enumerate(lengths) if n <= MAX_BATCHED_QUERIES), key=lengths.__getitem__):
+            keys = feeds[i].start + lengths[i]
+            if calls and len(calls[-1]) * (lengths[i] - widest) * keys * per_query <= budget:
+                calls[-1].append(i)
             else:
-                alone.append(self._alone(f, firsts[i]))
-        keep = [t for f, first, n in zip(feeds, firsts, lengths) for t in range(first + n - f.keep, first + n)]
-        return _Plan(self._index(slots), [self._group([feeds[i] for i in rows], [firsts[i] for i in rows])
-                                          for rows in groups.values()], alone, self._index(keep))
+                calls.append([i])
+            widest = lengths[i]
+        return calls
 
-    def _group(self, feeds: list[Feed], firsts: list[int]) -> _Group:
-        """One attention call's rows: their blocks, queries and masks, padded to the longest."""
-        size = self.pool.block_tokens
-        counts = np.array([len(f.tokens) for f in feeds])  # [R]
-        starts = np.array([f.start for f in feeds])  # [R]
-        rows, n = len(feeds), int(counts.max())
-        width = self.pool.blocks_for(int((starts + counts).max()))
-        blocks = np.zeros((rows, width), dtype=np.int64)
-        for r, f in enumerate(feeds):
-            used = self.pool.blocks_for(f.start + len(f.tokens))
-            blocks[r, :used] = f.cache.blocks[:used]
-        query = np.arange(n)  # [n]
-        tokens = np.array(firsts)[:, None] + np.minimum(query[None, :], counts[:, None] - 1)  # [R, n]
-        # A query at cache position start + i sees keys 0..start+i; a padding query sees key 0 only.
-        limit = np.where(query[None, :] < counts[:, None], starts[:, None] + query[None, :], 0)  # [R, n]
-        allowed = np.arange(width * size)[None, None, :] <= limit[..., None]  # [R, n, L]
-        for r, f in enumerate(feeds):
-            if f.parents is not None:  # the tree's nodes see their ancestors only
-                n_r = len(f.tokens)
-                allowed[r, :n_r, f.root:f.start + n_r] = tree.ancestor_mask(f.parents)[-n_r:]
-        bias = torch.from_numpy(np.where(allowed, 0.0, -np.inf)).to(self.device, self.dtype)[:, None]  # [R, 1, n, L]
-        real = (query[None, :] < counts[:, None]).reshape(-1)  # [R·n]
-        return _Group(rows, n, width * size, self._index(blocks.reshape(-1)), self._index(tokens.reshape(-1)), bias,
-                      None if real.all() else self._index(np.flatnonzero(real)), self._index(tokens.reshape(-1)[real]))
+    def _group(self, feeds: list[Feed], firsts: list[int], ints: _Indices) -> _Group:
+        """One attention call's rows: their blocks and queries, padded to the longest (the index
+        fields are places in `ints` until the plan sends them; `_mask` then makes the mask).
+        Plain Python: for the few rows of a small pass, numpy's calls cost more than the work."""
+        n = max(len(f.tokens) for f in feeds)
+        keys = max(f.start + len(f.tokens) for f in feeds)
+        width = self.pool.blocks_for(keys)
+        blocks, tokens, limit, real = [], [], [], []
+        for f, first in zip(feeds, firsts):
+            n_r, used = len(f.tokens), self.pool.blocks_for(f.start + len(f.tokens))
+            blocks += f.cache.blocks[:used] + [0] * (width - used)
+            real += range(len(tokens), len(tokens) + n_r)
+            # A query at cache position start + i sees keys 0..start+i; a padding query (a copy of
+            # the row's last) sees key 0 only.
+            tokens += [*range(first, first + n_r), *[first + n_r - 1] * (n - n_r)]
+            limit += [*range(f.start, f.start + n_r), *[0] * (n - n_r)]
+        trees = None
+        if any(f.parents is not None for f in feeds):  # the tree's nodes see their ancestors only
+            trees = np.arange(keys)[None, None, :] <= np.array(limit).reshape(-1, n, 1)
+            for r, f in enumerate(feeds):
+                if f.parents is not None:
+                    n_r = len(f.tokens)
+                    trees[r, :n_r, f.root:f.start + n_r] = tree.ancestor_mask(f.parents)[-n_r:]
+        padded = len(real) < len(tokens)
+        # Queries that are the pass's tokens as they stand (no padding, in order) are read and
+        # written as a slice, not gathered and scattered.
+        in_order = not padded and tokens == list(range(tokens[0], tokens[0] + len(tokens)))
+        span = (tokens[0], tokens[0] + len(tokens)) if in_order else None
+        return _Group(len(feeds), n, keys, width * self.pool.block_tokens, span, ints.add(blocks),
+                      None if span else ints.add(tokens), ints.add(limit), ints.add(real) if padded else None,
+                      None if span else ints.add([tokens[i] for i in real]), trees)
 
-    def _alone(self, feed: Feed, first: int) -> _Alone:
+    def _mask(self, g: _Group) -> torch.Tensor:
+        """[R, 1, n, L] bool: the keys each query of the group may not see (past its limit, or
+        off its tree path)."""
+        if g.trees is not None:
+            return torch.from_numpy(~g.trees).to(self.device, non_blocking=True)[:, None]
+        if self._keys.shape[0] < g.keys:
+            self._keys = torch.arange(max(g.keys, 2 * self._keys.shape[0]), device=self.device)
+        return (self._keys[:g.keys] > g.limit.view(g.rows, 1, g.queries, 1))
+
+    def _alone(self, feed: Feed, first: int, ints: _Indices) -> _Alone:
         n = len(feed.tokens)
         if feed.start == 0 and feed.parents is None:
             return _Alone(first, n, None, None)
-        return _Alone(first, n, self._index(self.pool.slots(feed.cache, 0, feed.start + n)), feed.visible(self.device))
+        return _Alone(first, n, ints.add(self.pool.slots(feed.cache, 0, feed.start + n)), feed.visible(self.device))
 
     def _attention(self, index: int, layer, h: torch.Tensor, cos, sin, plan: _Plan) -> torch.Tensor:
         """h [T, H] → attention output [T, H]. The new keys and values go into the pool in one
@@ -307,20 +381,25 @@ class LlamaPass:
         of the fused kernel's fixed cost at these sizes; elsewhere the fused kernel, masked."""
         kv_heads, d = self.kv_heads, self.head_dim
         group, (rows, n, length) = self.heads // kv_heads, (g.rows, g.queries, g.keys)
-        kv = pool.index_select(2, g.blocks).view(2, kv_heads, rows, length, d)  # [2, kv, R, L, d]
-        queries = q.index_select(0, g.tokens).view(rows, n, kv_heads, group, d)
+        gathered = pool.index_select(2, g.blocks).view(2, kv_heads, rows, g.width, d)
+        kv = gathered[..., :length, :]  # [2, kv, R, L, d]
+        queries = q[g.span[0]:g.span[1]] if g.span else q.index_select(0, g.tokens)
+        queries = queries.view(rows, n, kv_heads, group, d)
         if self.fused_groups:
             att = F.scaled_dot_product_attention(
                 queries.view(rows, n, -1, d).transpose(1, 2), kv[0].transpose(0, 1), kv[1].transpose(0, 1),
-                attn_mask=g.bias, scale=1.0, enable_gqa=True)  # [R, h, n, d]
+                attn_mask=~g.hidden, scale=1.0, enable_gqa=True)  # [R, h, n, d]
             att = att.transpose(1, 2).reshape(rows * n, -1)  # [R·n, h·d]
         else:
             queries = queries.permute(2, 0, 3, 1, 4).reshape(kv_heads, rows, group * n, d)
             scores = torch.matmul(queries, kv[0].transpose(-1, -2))  # [kv, R, group·n, L]
-            scores.view(kv_heads, rows, group, n, length).add_(g.bias)
+            scores.view(kv_heads, rows, group, n, length).masked_fill_(g.hidden, float("-inf"))
             att = torch.matmul(_softmax(scores), kv[1])  # [kv, R, group·n, d]
             att = att.view(kv_heads, rows, group, n, d).permute(1, 3, 0, 2, 4).reshape(rows * n, -1)  # [R·n, h·d]
-        out.index_copy_(0, g.out, att if g.real is None else att.index_select(0, g.real))
+        if g.span:
+            out[g.span[0]:g.span[1]] = att
+        else:
+            out.index_copy_(0, g.out, att if g.real is None else att.index_select(0, g.real))
 
     def _attend_alone(self, q: torch.Tensor, new: torch.Tensor, flat: torch.Tensor, a: _Alone,
                       out: torch.Tensor) -> None:
@@ -341,21 +420,19 @@ class LlamaPass:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _rope(self, feeds: list[Feed]) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, d] at every feed's positions (start..start+n in a chain), from tables
-        grown by doubling as positions advance."""
+    def _rope(self, feeds: list[Feed], positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, d] at every feed's positions (the plan's; None: one chain's,
+        start..start+n), from tables grown by doubling as positions advance."""
         end = max(f.start + len(f.tokens) for f in feeds)
         if end > self._cos.shape[0]:
-            positions = torch.arange(max(64, 1 << (end - 1).bit_length()), device=self.device).float()
-            freqs = torch.outer(positions, self.inv_freq.to(self.device))  # [P, d/2]
+            table = torch.arange(max(64, 1 << (end - 1).bit_length()), device=self.device).float()
+            freqs = torch.outer(table, self.inv_freq.to(self.device))  # [P, d/2]
             emb = torch.cat((freqs, freqs), -1)
             self._cos = (emb.cos() * self.rope_scale).to(self.dtype)
             self._sin = (emb.sin() * self.rope_scale).to(self.dtype)
-        if len(feeds) == 1 and feeds[0].parents is None:
+        if positions is None:
             return self._cos[feeds[0].start:end, None], self._sin[feeds[0].start:end, None]
-        # From a list: one small tensor, where an arange per feed cost ~0.1 ms each.
-        at = self._index([p for f in feeds for p in f.positions()])  # [T]
-        return self._cos[at, None], self._sin[at, None]
+        return self._cos[positions, None], self._sin[positions, None]
 
 
 def _softmax(scores: torch.Tensor) -> torch.Tensor:
