@@ -1,7 +1,11 @@
-"""The engine before a change, beside the engine after it, in one run: a benchmark script that
-calls `compare` measures here, and with `--baseline COMMIT` (or a directory holding a `tandem`
-package) runs itself again on that commit's code in a subprocess, so that both sets of numbers
-come from the same machine at the same time."""
+"""The engine before a change, beside the engine after it, in one run, on the code of a commit
+(or a directory holding its `tandem` package):
+
+- `compare`: a benchmark script measures here, then runs itself again on the baseline's code in a
+  subprocess (both sets of numbers from the same machine, one after the other);
+- `side_by_side`, `Engine` and `serve`: the script's measurements as a server in a process per
+  engine, so that the engines can take turns measurement by measurement (`in_turn`), side by
+  side on the machine's drift (which here moves a run by 10 to 30 %)."""
 
 import argparse
 import json
@@ -46,6 +50,54 @@ def compare(args: argparse.Namespace, measure: Callable[[], Any]) -> dict | None
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(RESULT))
         results["before"], results["baseline"] = json.loads(line[len(RESULT):]), args.baseline
     return results
+
+
+def serve(measure: Callable[[dict], dict]) -> None:
+    """Answer the questions read from stdin, one JSON object a line, with measure(question) on
+    stdout, after a line saying "ready"."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        print(json.dumps(measure(json.loads(line))), flush=True)
+
+
+class Engine:
+    """`script --serve` (or `script *args`) in a process of its own, on this tree's code or
+    (package) a baseline's."""
+
+    def __init__(self, script: str, package: str | None = None, args: tuple[str, ...] = ("--serve",)) -> None:
+        env = dict(os.environ, **({"PYTHONPATH": package} if package else {}))
+        self.proc = subprocess.Popen([sys.executable, script, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{script} --serve did not start")
+
+    def ask(self, **question) -> dict:
+        self.proc.stdin.write(json.dumps(question) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def side_by_side(script: str, commit: str | None, measure: Callable[[dict[str, Engine]], list],
+                 args: tuple[str, ...] = ("--serve",)) -> tuple[list, list[str]]:
+    """measure(engines) with this tree's engine ("batched") and, given a commit, that commit's
+    ("before"), each `script *args` in a process of its own → (what it measured, the engines)."""
+    engines = {"batched": Engine(script, args=args)}
+    if commit:
+        engines["before"] = Engine(script, package(commit), args=args)
+    try:
+        return measure(engines), list(engines)
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+
+def in_turn(engines: dict[str, Engine], i: int) -> list[str]:
+    """The engines' order for measurement i: each goes first half the time."""
+    return list(engines) if i % 2 else list(reversed(engines))
 
 
 def package(commit: str) -> str:

@@ -7,15 +7,17 @@ draft job (γ tokens) to the draft worker's Batcher and waits for them all, then
 verify job to the target's Batcher, then accepts (tandem.math.acceptance). The model threads'
 CPU time (from /proc, each Batcher's own thread) divided by the tokens generated is each
 engine's CPU per token; no gRPC, no orchestrator, nothing else counted. With `--baseline
-COMMIT` the same loop runs on that commit's engine in a subprocess (benchmarks/baseline.py):
-the "before" rows.
+COMMIT` a second process runs that commit's engine (benchmarks/baseline.py): the two take turns
+generation by generation, and each ratio pairs generations run side by side on the machine's
+drift. Writes results/engine_cost.{json,md,png}.
 
-    .venv/bin/python benchmarks/engine_cost.py [--sessions 1,8,32,64] [--gammas 0,3] [--baseline COMMIT]
+    .venv/bin/python benchmarks/engine_cost.py [--sessions 1,8,32,64] [--gammas 0,3] [--repeats 3] [--baseline COMMIT]
 """
 
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -95,30 +97,51 @@ def generate(draft: Batcher, target: Batcher, prompts: list[list[int]], gamma: i
     return sum(s.generated for s in sessions), cycles
 
 
-def measure(counts: list[int], gammas: list[int], max_tokens: int) -> list[dict]:
-    draft_dir, target_dir = ROOT / "models" / "draft", ROOT / "models" / "target"
-    tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    prompts = [tokenizer.encode(json.loads(line)["prompt"])
-               for line in (ROOT / "benchmarks" / "prompts" / "heldout.jsonl").read_text().splitlines()]
-    draft, target = Batcher(ModelRuntime(str(draft_dir))), Batcher(ModelRuntime(str(target_dir)))
-    eos = target.runtime.info.eos_token_ids
-    generate(draft, target, prompts[:2], 3, 8, eos)  # warm-up
-    for batcher in (draft, target):  # grow the KV pools once, to what the largest level holds
-        batcher.submit(lambda runtime=batcher.runtime: warm_pool(runtime, max(counts) * 512)).result()
+class Workers:
+    """The shipped pair's draft and target engines, each behind its Batcher, with the held-out prompts."""
+
+    def __init__(self, max_sessions: int) -> None:
+        draft_dir, target_dir = ROOT / "models" / "draft", ROOT / "models" / "target"
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+        self.prompts = [tokenizer.encode(json.loads(line)["prompt"])
+                        for line in (ROOT / "benchmarks" / "prompts" / "heldout.jsonl").read_text().splitlines()]
+        self.draft, self.target = Batcher(ModelRuntime(str(draft_dir))), Batcher(ModelRuntime(str(target_dir)))
+        self.eos = self.target.runtime.info.eos_token_ids
+        generate(self.draft, self.target, self.prompts[:2], 3, 8, self.eos)  # warm-up
+        for batcher in (self.draft, self.target):  # grow the KV pools once, to what the largest level holds
+            batcher.submit(lambda runtime=batcher.runtime: warm_pool(runtime, max_sessions * 512)).result()
+
+    def measure(self, sessions: int, gamma: int, max_tokens: int) -> dict:
+        """n sessions generating together → each model thread's CPU ms per generated token."""
+        batch = [self.prompts[i % len(self.prompts)] for i in range(sessions)]
+        threads = {"draft": self.draft._thread.native_id, "target": self.target._thread.native_id}
+        before = {k: thread_cpu_s(t) for k, t in threads.items()}
+        start = time.perf_counter()
+        tokens, cycles = generate(self.draft, self.target, batch, gamma, max_tokens, self.eos)
+        wall = time.perf_counter() - start
+        cpu = {k: (thread_cpu_s(t) - before[k]) * 1e3 / tokens for k, t in threads.items()}
+        return {"tokens": tokens, "tokens_per_cycle": tokens / cycles, "draft_cpu_ms_per_token": cpu["draft"],
+                "target_cpu_ms_per_token": cpu["target"], "tokens_per_s": tokens / wall}
+
+
+def measure(engines: dict[str, baseline.Engine], counts: list[int], gammas: list[int], max_tokens: int,
+            repeats: int) -> list[dict]:
     rows = []
     for n in counts:
-        batch = [prompts[i % len(prompts)] for i in range(n)]
         for gamma in gammas:
-            threads = {"draft": draft._thread.native_id, "target": target._thread.native_id}
-            before = {k: thread_cpu_s(t) for k, t in threads.items()}
-            start = time.perf_counter()
-            tokens, cycles = generate(draft, target, batch, gamma, max_tokens, eos)
-            wall = time.perf_counter() - start
-            cpu = {k: (thread_cpu_s(t) - before[k]) * 1e3 / tokens for k, t in threads.items()}
-            rows.append({"sessions": n, "gamma": gamma, "tokens": tokens, "tokens_per_cycle": tokens / cycles,
-                         "draft_cpu_ms_per_token": cpu["draft"], "target_cpu_ms_per_token": cpu["target"],
-                         "tokens_per_s": tokens / wall})
-            print(json.dumps(rows[-1]), flush=True)
+            runs = {name: [] for name in engines}
+            for i in range(repeats):
+                for name in baseline.in_turn(engines, i):
+                    runs[name].append(engines[name].ask(sessions=n, gamma=gamma, max_tokens=max_tokens))
+            row = {"sessions": n, "gamma": gamma}
+            for name in engines:
+                row[name] = {key: statistics.median(r[key] for r in runs[name]) for key in runs[name][0]}
+            if "before" in engines:
+                row["paired_ratio"] = {worker: statistics.median(  # the draft's at γ = 0: none
+                    a[key] / b[key] for a, b in zip(runs["batched"], runs["before"])) if runs["before"][0][key] else None
+                    for worker in ("target", "draft") for key in [f"{worker}_cpu_ms_per_token"]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -127,39 +150,49 @@ def main() -> None:
     parser.add_argument("--sessions", default="1,8,32,64")
     parser.add_argument("--gammas", default="0,3")
     parser.add_argument("--max-tokens", type=int, default=96)
-    baseline.add_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3, help="generations per engine and point")
+    parser.add_argument("--baseline", help="a commit (or its package directory) whose engine runs the same generations")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # a generation server for up to N sessions
     args = parser.parse_args()
     torch.set_num_threads(1)  # as a worker runs here
     counts, gammas = [int(n) for n in args.sessions.split(",")], [int(g) for g in args.gammas.split(",")]
-    results = baseline.compare(args, lambda: measure(counts, gammas, args.max_tokens))
-    if results:
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "engine_cost.json").write_text(json.dumps(results, indent=1))
-        write_table(results)
+    if args.serve:
+        workers = Workers(args.serve)
+        baseline.serve(lambda ask: workers.measure(ask["sessions"], ask["gamma"], ask["max_tokens"]))
+        return
+    rows, engines = baseline.side_by_side(__file__, args.baseline,
+                                          lambda e: measure(e, counts, gammas, args.max_tokens, args.repeats),
+                                          args=("--serve", str(max(counts))))
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "engine_cost.json").write_text(json.dumps({"baseline": args.baseline, "rows": rows}, indent=1))
+    write_table(rows, engines)
 
 
-def write_table(results: dict) -> None:
+def write_table(rows: list[dict], engines: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    engines = [e for e in ("before", "batched") if e in results]
+    shown = [e for e in ("before", "batched") if e in engines]
+    paired = "before" in shown
     lines = ["| sessions | γ | tokens per cycle | " + " | ".join(
-        f"{e}: target CPU ms/token | {e}: draft CPU ms/token" for e in engines) + " |",
-        "|---|---|---|" + "---|---|" * len(engines)]
-    for i, r in enumerate(results["batched"]):
-        cells = " | ".join(f"{results[e][i]['target_cpu_ms_per_token']:.2f} | "
-                           f"{results[e][i]['draft_cpu_ms_per_token']:.2f}" for e in engines)
-        lines.append(f"| {r['sessions']} | {r['gamma']} | {r['tokens_per_cycle']:.2f} | {cells} |")
+        f"{e}: target CPU ms/token | {e}: draft CPU ms/token" for e in shown)
+        + (" | batched ÷ before, target (paired) | draft (paired) |" if paired else " |"),
+        "|---|---|---|" + "---|---|" * (len(shown) + paired)]
+    for r in rows:
+        cells = " | ".join(f"{r[e]['target_cpu_ms_per_token']:.2f} | {r[e]['draft_cpu_ms_per_token']:.2f}"
+                           for e in shown)
+        ratios = "".join(f" | {x:.2f}" if x else " | –" for x in r["paired_ratio"].values()) if paired else ""
+        lines.append(f"| {r['sessions']} | {r['gamma']} | {r['batched']['tokens_per_cycle']:.2f} | {cells}{ratios} |")
     (OUT / "engine_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, worker in zip(axes, ("target", "draft")):
-        for e in engines:
-            for gamma in sorted({r["gamma"] for r in results[e]}):
-                points = [r for r in results[e] if r["gamma"] == gamma]
-                ax.plot([r["sessions"] for r in points], [r[f"{worker}_cpu_ms_per_token"] for r in points],
+        for e in shown:
+            for gamma in sorted({r["gamma"] for r in rows}):
+                points = [r for r in rows if r["gamma"] == gamma]
+                ax.plot([r["sessions"] for r in points], [r[e][f"{worker}_cpu_ms_per_token"] for r in points],
                         marker="o", linestyle="-" if e == "batched" else "--", label=f"{e}, γ = {gamma}")
         ax.set(title=f"{worker} worker's model thread", xlabel="sessions in flight",
                ylabel="CPU ms per generated token", xscale="log")

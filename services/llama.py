@@ -293,19 +293,21 @@ class LlamaPass:
 
     def _grouped(self, feeds: list[Feed], lengths: list[int]) -> list[list[int]]:
         """The feeds of at most MAX_BATCHED_QUERIES tokens, by attention call: in order of their
-        token counts, a feed joins the call before it while the padding it adds to that call's
-        rows costs less than a call of its own (CPU_CALL_MACS; on an accelerator, always)."""
+        token counts, a feed joins the call before it when both need the same power of two of
+        queries, or while the padding it adds to that call's rows costs less than a call of its
+        own (CPU_CALL_MACS; on an accelerator, always). So a pass makes at most 7 calls."""
         budget = CPU_CALL_MACS if self.device.type == "cpu" else float("inf")
         per_query = 2 * self.heads * self.head_dim  # multiply-adds per query and key, scores and values
         calls: list[list[int]] = []
         widest = 0  # the current call's most tokens
         for i in sorted((i for i, n in enumerate(lengths) if n <= MAX_BATCHED_QUERIES), key=lengths.__getitem__):
-            keys = feeds[i].start + lengths[i]
-            if calls and len(calls[-1]) * (lengths[i] - widest) * keys * per_query <= budget:
+            n, keys = lengths[i], feeds[i].start + lengths[i]
+            same_bucket = calls and (n - 1).bit_length() == (lengths[calls[-1][0]] - 1).bit_length()
+            if calls and (same_bucket or len(calls[-1]) * (n - widest) * keys * per_query <= budget):
                 calls[-1].append(i)
             else:
                 calls.append([i])
-            widest = lengths[i]
+            widest = n
         return calls
 
     def _group(self, feeds: list[Feed], firsts: list[int], ints: _Indices) -> _Group:
