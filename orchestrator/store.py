@@ -14,7 +14,9 @@ A session has one writer at a time. Each cycle commits in one server-side script
 client sees its tokens, and only if the writer still owns the session (`owner`, which a
 resume takes over) and the session is at the cycle before it: a stale writer stops, and a
 token is committed exactly once. A commit retried after a lost reply finds its own cycle
-already there and succeeds without writing twice. Redis faults are retried for a bounded
+already there and succeeds without writing twice. The commits a replica's sessions make in one turn of
+its event loop travel to Redis in one round trip (tandem.orchestrator.turns: a pipeline of
+the script, each commit fenced and answered on its own). Redis faults are retried for a bounded
 time, then reported as `StoreUnavailable`.
 
 Redis over TLS is a rediss:// URL; redis-py reads the TLS files from its query string (a
@@ -43,6 +45,7 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tandem.orchestrator.turns import Turn
 from tandem.wire.generation import CycleStats
 
 FINISHED = ("stop", "length")  # statuses of a session that has generated all it will
@@ -202,6 +205,7 @@ class SessionStore:
         self._claim = client.register_script(_CLAIM)
         self._finish = client.register_script(_FINISH)
         self._stop = client.register_script(_STOP)
+        self._commits = Turn(self._commit_all)  # commits made in one turn of the loop: one round trip
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int = 3600, retry_s: float = 10.0) -> "SessionStore":
@@ -250,11 +254,22 @@ class SessionStore:
         """Append cycle `cycle`'s tokens and stats and set `state` (policy, cache_lens, workers,
         status, ttft_s), atomically. Raises Fenced if this writer no longer owns the session."""
         pairs = [x for item in _encode(state).items() for x in item]
-        result = await self._retrying(lambda: self._commit(
-            keys=_keys(session_id),
-            args=[owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *pairs]))
+        result = await self._commits.add(
+            (_keys(session_id), [owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *pairs]))
         if result <= 0:
             raise Fenced(session_id, {0: "taken over", -1: "expired", -2: "stopped"}[result])
+
+    async def _commit_all(self, commits: list[tuple[list[str], list]]) -> list:
+        """A turn's commits (tandem.orchestrator.turns) in one round trip: the fenced script once
+        per session in a pipeline, not a transaction (each commit stands alone) → per commit its
+        result, or its error."""
+        async def run():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for keys, args in commits:
+                    await self._commit(keys=keys, args=args, client=pipe)
+                return await pipe.execute(raise_on_error=False)
+
+        return await self._retrying(run)
 
     async def claim(self, session_id: str, owner: str) -> SessionRecord | None:
         """Take an unfinished session over for `owner` and return it (None: no such session)."""

@@ -82,9 +82,15 @@ class Batcher:
         """Queue a job (or a plain function, run alone between two passes) → a future of its
         answer. A job's answer that has a compute_ms gets the time of the passes it took part in
         and of its own work between them, and its batching those passes."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._incoming.put((job, future, time.perf_counter()))
-        return future
+        return self.submit_all([job])[0]
+
+    def submit_all(self, jobs: list[Job | Callable[[], Any]]) -> list[concurrent.futures.Future]:
+        """Queue jobs at once → their futures: the model thread admits them together, so that they
+        share its passes from their first step (a batched call's rows)."""
+        now = time.perf_counter()
+        queued = [(job, concurrent.futures.Future(), now) for job in jobs]
+        self._incoming.put(queued)
+        return [future for _, future, _ in queued]
 
     # --- the model thread ------------------------------------------------------------------
 
@@ -102,21 +108,24 @@ class Batcher:
         """Start what was submitted: a job runs to its first step; a plain function runs now."""
         while True:
             try:
-                job, future, submitted = self._incoming.get(block=block)
+                queued = self._incoming.get(block=block)
             except queue.Empty:
                 return
             block = False
-            if not future.set_running_or_notify_cancel():
-                continue
-            if inspect.isgenerator(job):
-                running = _Running(job, future, submitted)
-                if self._advance(running, None):
-                    waiting.append(running)
-            else:
-                try:
-                    future.set_result(job())
-                except BaseException as e:
-                    future.set_exception(e)
+            for job, future, submitted in queued:
+                if future.set_running_or_notify_cancel():
+                    self._start_job(waiting, job, future, submitted)
+
+    def _start_job(self, waiting: list[_Running], job, future: concurrent.futures.Future, submitted: float) -> None:
+        if inspect.isgenerator(job):
+            running = _Running(job, future, submitted)
+            if self._advance(running, None):
+                waiting.append(running)
+            return
+        try:
+            future.set_result(job())
+        except BaseException as e:
+            future.set_exception(e)
 
     def _round(self, waiting: list[_Running]) -> None:
         batch = self._pick(waiting)

@@ -98,19 +98,23 @@ def check_tree_widths(widths: list[int], gamma: int) -> None:
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
     service = "tandem.v1.DraftWorker"
 
-    async def Propose(self, request, context):
-        async def work():
-            self.check_sequence(request.session_id, request.cache_len, request.tokens)
-            if not 1 <= request.gamma <= MAX_GAMMA:
-                raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
-            check_tree_widths(list(request.tree_widths), request.gamma)
-            end = request.cache_len + len(request.tokens) + drafted(request) - 1
-            check_context("gamma", end, self.runtime.info.max_context)
-            params = self.check_sampling(request.sampling)
-            job, probs = self.draft(request, params)
-            return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
+    def prepare(self, request) -> tuple[Job, bool]:
+        self.check_sequence(request.session_id, request.cache_len, request.tokens)
+        if not 1 <= request.gamma <= MAX_GAMMA:
+            raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
+        check_tree_widths(list(request.tree_widths), request.gamma)
+        end = request.cache_len + len(request.tokens) + drafted(request) - 1
+        check_context("gamma", end, self.runtime.info.max_context)
+        params = self.check_sampling(request.sampling)
+        job, probs = self.draft(request, params)
+        return job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS
 
-        return await self.answer(context, "Propose", request, work, wire.propose_response)
+    async def Propose(self, request, context):
+        return await self.answer(context, "Propose", request, lambda: self.compute(*self.prepare(request)),
+                                 wire.propose_response)
+
+    async def ProposeBatch(self, request, context):
+        return await self.answer_rows(context, "Propose", "ProposeBatch", request.rows, wire.propose_response)
 
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
         """The job that answers a checked request, and how many probabilities it returns."""
@@ -124,13 +128,14 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         distribution per drafted token when sampling, none when greedy."""
         return 0 if params.greedy else drafted(request) * self.runtime.info.vocab_size
 
-    async def ProposeStream(self, requests, context):
-        async for request in requests:
-            response = await self.Propose(request, context)
-            if response is None:  # refused: the status set on the context ends the stream
-                return
-            yield response
+    def ProposeStream(self, requests, context):
+        return self.in_order(requests, lambda request: self.Propose(request, context))
+
+    def ProposeBatchStream(self, requests, context):
+        return self.in_order(requests, lambda request: self.ProposeBatch(request, context))
 
 
-def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(DraftWorkerServicer(runtime, max_batch_tokens), server)
+def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> DraftWorkerServicer:
+    servicer = DraftWorkerServicer(runtime, max_batch_tokens)
+    worker_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, server)
+    return servicer

@@ -102,5 +102,7 @@ class HybridDraftServicer(DraftWorkerServicer):
         return job, self.returned_probs(request, params)
 
 
-def add_to_server(runtime: HybridRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(HybridDraftServicer(runtime, max_batch_tokens), server)
+def add_to_server(runtime: HybridRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> HybridDraftServicer:
+    servicer = HybridDraftServicer(runtime, max_batch_tokens)
+    worker_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, server)
+    return servicer

@@ -145,5 +145,7 @@ class NgramDraftServicer(DraftWorkerServicer):
         return job, 0 if params.greedy else request.gamma
 
 
-def add_to_server(runtime: NgramRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(NgramDraftServicer(runtime, max_batch_tokens), server)
+def add_to_server(runtime: NgramRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> NgramDraftServicer:
+    servicer = NgramDraftServicer(runtime, max_batch_tokens)
+    worker_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, server)
+    return servicer

@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import signal
+from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -88,6 +89,15 @@ class _ParsingRegistrar:
         self.server.add_registered_method_handlers(service, handlers)
 
 
+def _failure(e: BaseException) -> wire.Failure:
+    """A failed call's or row's status: a FieldError's code and message; anything else is a bug,
+    logged, that must not take the worker down: INTERNAL."""
+    if isinstance(e, FieldError):
+        return wire.Failure(e.code, str(e))
+    log.error("request failed", exc_info=e)
+    return wire.Failure(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+
 def _remote_parent(request, context) -> Context:
     """The caller's span: in the request when it came on a stream, else in the call's metadata."""
     carried = getattr(request, "trace_context", None)
@@ -117,6 +127,8 @@ class WorkerServicer:
         self.batcher = Batcher(runtime, max_batch_tokens)
         self.handling = CpuMeter()  # the event loop's CPU per call: decoding, validating, encoding
         self.queued = 0  # jobs waiting for the model thread or running on it
+        info = runtime.info
+        self.limits = any_worker_limits(info.vocab_size, info.max_context)  # start_server sets the server's
         self._trim_pending = False
 
     def check_sequence(self, session_id: str, cache_len: int, tokens) -> None:
@@ -132,20 +144,32 @@ class WorkerServicer:
         check_sampling(params.temperature, params.top_k, params.top_p, prefix="sampling.")
         return params
 
-    async def compute(self, job: Job, large: bool = False):
-        """Run a job (tandem.services.batching) on the model thread, batched with other
-        sessions' → its answer with compute_ms set, or None on a cache miss. large: the job
+    def prepare(self, request) -> tuple[Job, bool]:
+        """A request's job (tandem.services.batching), checked, and whether it is large: it
         allocates much (a long prefill, vocabulary-sized distributions), so the heap it freed is
-        returned to the system afterwards (trim_soon)."""
-        self.queued += 1
+        returned to the system afterwards (trim_soon). FieldError names a bad field."""
+        raise NotImplementedError
+
+    async def compute(self, job: Job, large: bool = False):
+        """Run a job on the model thread, batched with other sessions' → its answer with
+        compute_ms set, or None on a cache miss."""
+        (result,) = await self.compute_all([(job, large)])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def compute_all(self, work: list[tuple[Job, bool]]) -> list:
+        """Run (job, large) pairs on the model thread, submitted together so that they share its
+        passes from their first step → per job its answer, None on a cache miss, or what it raised."""
+        self.queued += len(work)
         try:
-            return await asyncio.wrap_future(self.batcher.submit(job))
-        except CacheMiss:
-            return None
+            futures = self.batcher.submit_all([job for job, _ in work])
+            results = await asyncio.gather(*map(asyncio.wrap_future, futures), return_exceptions=True)
         finally:
-            self.queued -= 1
-            if large:
+            self.queued -= len(work)
+            if any(large for _, large in work):
                 self.trim_soon()
+        return [None if isinstance(r, CacheMiss) else r for r in results]
 
     def trim_soon(self) -> None:
         """Return freed heap to the system (malloc_trim, a few ms) once the answer has been sent
@@ -168,34 +192,66 @@ class WorkerServicer:
         else INTERNAL. The status is set, not raised with context.abort: a raised abort leaves a
         reference cycle through gRPC's frames that keeps the request alive until a full garbage
         collection, and a worker answering many bad requests grew by their size."""
-        with tracing.span(
-            f"{self.service}/{rpc}", _remote_parent(request, context), kind=SpanKind.SERVER,
-            attributes={"rpc.system": "grpc", "rpc.service": self.service, "rpc.method": rpc, **_describe(request)},
-            record_exception=False, set_status_on_exception=False,
-        ) as span:
+        span = self._server_span(rpc, request, context)
+        try:
+            outcome = await work()
+        except Exception as e:
+            outcome = _failure(e)
+        self._settle(rpc, span, outcome)
+        if isinstance(outcome, wire.Failure):
+            context.set_code(outcome.code)
+            context.set_details(outcome.message)
+            return None
+        return encode(outcome)
+
+    async def answer_rows(self, context, rpc: str, batch: str, rows, encode):
+        """A batched call (`batch`): each row answered as `rpc` answers it alone, in a server span
+        of its own (its caller's child), every checked row's job entering the model together →
+        the batched response, a row's Failure in place of its answer."""
+        spans = [self._server_span(rpc, row, context) for row in rows]
+        outcomes: list = [None] * len(rows)
+        work, checked = [], []
+        for i, row in enumerate(rows):
             try:
-                result = await work()
-            except FieldError as e:
-                failure = e.code, str(e)
-            except Exception as e:  # a bug must not take the worker down: log it, answer INTERNAL
-                log.exception("request failed")
-                failure = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
-            else:
-                failure = None
-            handling_ms = max(0.0, self.handling.count())  # every call's, a failed one's too
-            if failure:
-                span.set_status(Status(StatusCode.ERROR, failure[1]))
-                context.set_code(failure[0])
-                context.set_details(failure[1])
-                return None
-            if hasattr(result, "compute_ms"):
-                result.batching.handling_ms = handling_ms
-                span.set_attribute("tandem.compute_ms", result.compute_ms)
-                metrics.compute.labels(rpc=rpc).observe(result.compute_ms / 1e3)
-            elif result is None:  # Propose and Verify answer None on a cache miss
-                span.set_attribute("tandem.cache_miss", True)
-                metrics.cache_misses.labels(rpc=rpc).inc()
-            return encode(result)
+                work.append(self.prepare(row))
+                checked.append(i)
+            except Exception as e:
+                outcomes[i] = _failure(e)
+        for i, result in zip(checked, await self.compute_all(work)):
+            outcomes[i] = _failure(result) if isinstance(result, BaseException) else result
+        for span, outcome in zip(spans, outcomes):
+            self._settle(rpc, span, outcome)
+        return wire.batch_response(batch, [o if isinstance(o, wire.Failure) else encode(o) for o in outcomes])
+
+    @staticmethod
+    async def in_order(requests, answer):
+        """A stream's requests answered in order by answer(request) (None ends the stream)."""
+        async for request in requests:
+            response = await answer(request)
+            if response is None:  # refused: the status set on the context ends the stream
+                return
+            yield response
+
+    def _server_span(self, rpc: str, request, context):
+        """A started server span for one call or row (the invalid span when not tracing)."""
+        return tracing.start_span(
+            f"{self.service}/{rpc}", _remote_parent(request, context), kind=SpanKind.SERVER,
+            attributes={"rpc.system": "grpc", "rpc.service": self.service, "rpc.method": rpc, **_describe(request)})
+
+    def _settle(self, rpc: str, span, outcome) -> None:
+        """Account for one answered call or row (its handling CPU, compute time or cache miss, or
+        its failure) and end its span."""
+        handling_ms = max(0.0, self.handling.count())  # every call's, a failed one's too
+        if isinstance(outcome, wire.Failure):
+            span.set_status(Status(StatusCode.ERROR, outcome.message))
+        elif hasattr(outcome, "compute_ms"):
+            outcome.batching.handling_ms = handling_ms
+            span.set_attribute("tandem.compute_ms", outcome.compute_ms)
+            metrics.compute.labels(rpc=rpc).observe(outcome.compute_ms / 1e3)
+        elif outcome is None:  # Propose and Verify answer None on a cache miss
+            span.set_attribute("tandem.cache_miss", True)
+            metrics.cache_misses.labels(rpc=rpc).inc()
+        span.end()
 
     async def Release(self, request, context):
         async def work():
@@ -206,7 +262,8 @@ class WorkerServicer:
         return await self.answer(context, "Release", request, work, wire.release_response)
 
     async def Describe(self, request, context):
-        return wire.model_info_to_pb(self.runtime.info)
+        info = replace(self.runtime.info, max_request_bytes=self.limits.receive, max_response_bytes=self.limits.send)
+        return wire.model_info_to_pb(info)
 
     async def Load(self, request, context):
         load = wire.WorkerLoad(self.runtime.num_sessions, self.runtime.cache_bytes, self.queued)
@@ -229,7 +286,8 @@ async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    add_servicer(runtime, _ParsingRegistrar(server))
+    servicer = add_servicer(runtime, _ParsingRegistrar(server))
+    servicer.limits = limits  # Describe states them: callers pack batched calls within them
     health_servicer = health_servicer or health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, _ParsingRegistrar(server))
     address = f"{host}:{port}"

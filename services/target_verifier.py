@@ -65,46 +65,49 @@ def verify_tree(
 class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServicer):
     service = "tandem.v1.TargetVerifier"
 
+    def prepare(self, request) -> tuple[Job, bool]:
+        self.check_sequence(request.session_id, request.cache_len, request.tokens)
+        info = self.runtime.info
+        if len(request.draft_tokens) > MAX_GAMMA:
+            raise invalid("draft_tokens", f"at most {MAX_GAMMA} tokens")
+        check_token_ids("draft_tokens", request.draft_tokens, info.vocab_size)
+        end = request.cache_len + len(request.tokens) + len(request.draft_tokens)
+        check_context("draft_tokens", end, info.max_context)
+        params = self.check_sampling(request.sampling)
+        try:
+            verification = verification_mode_from_pb(request.verification) or "token"
+        except ValueError as e:
+            raise invalid("verification", str(e)) from None
+        draft = _tree(request)
+        # One draft distribution per drafted token, or per node with children in a tree.
+        rows = len(tree.expanded(draft.parents)) if draft else len(request.draft_tokens)
+        if request.draft_distributions and len(request.draft_distributions) != rows:
+            raise invalid("draft_distributions", "need one per drafted token (a tree: per node with children)")
+        if not request.draft_distributions and request.draft_tokens and not params.greedy:
+            raise invalid("draft_distributions", "required when sampling (temperature > 0)")
+        probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
+        args = (request.session_id, request.cache_len, list(request.tokens))
+        if draft:
+            def make(draft_probs):
+                return verify_tree(*args, draft, draft_probs, params)
+        else:
+            def make(draft_probs):
+                return verify(*args, list(request.draft_tokens), draft_probs, params, verification)
+        job = _decoding(make, request.draft_distributions, info.vocab_size)
+        return job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS
+
     async def Verify(self, request, context):
-        async def work():
-            self.check_sequence(request.session_id, request.cache_len, request.tokens)
-            info = self.runtime.info
-            if len(request.draft_tokens) > MAX_GAMMA:
-                raise invalid("draft_tokens", f"at most {MAX_GAMMA} tokens")
-            check_token_ids("draft_tokens", request.draft_tokens, info.vocab_size)
-            end = request.cache_len + len(request.tokens) + len(request.draft_tokens)
-            check_context("draft_tokens", end, info.max_context)
-            params = self.check_sampling(request.sampling)
-            try:
-                verification = verification_mode_from_pb(request.verification) or "token"
-            except ValueError as e:
-                raise invalid("verification", str(e)) from None
-            draft = _tree(request)
-            # One draft distribution per drafted token, or per node with children in a tree.
-            rows = len(tree.expanded(draft.parents)) if draft else len(request.draft_tokens)
-            if request.draft_distributions and len(request.draft_distributions) != rows:
-                raise invalid("draft_distributions", "need one per drafted token (a tree: per node with children)")
-            if not request.draft_distributions and request.draft_tokens and not params.greedy:
-                raise invalid("draft_distributions", "required when sampling (temperature > 0)")
-            probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
-            args = (request.session_id, request.cache_len, list(request.tokens))
-            if draft:
-                def make(draft_probs):
-                    return verify_tree(*args, draft, draft_probs, params)
-            else:
-                def make(draft_probs):
-                    return verify(*args, list(request.draft_tokens), draft_probs, params, verification)
-            job = _decoding(make, request.draft_distributions, info.vocab_size)
-            return await self.compute(job, large=len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS)
+        return await self.answer(context, "Verify", request, lambda: self.compute(*self.prepare(request)),
+                                 wire.verify_response)
 
-        return await self.answer(context, "Verify", request, work, wire.verify_response)
+    async def VerifyBatch(self, request, context):
+        return await self.answer_rows(context, "Verify", "VerifyBatch", request.rows, wire.verify_response)
 
-    async def VerifyStream(self, requests, context):
-        async for request in requests:
-            response = await self.Verify(request, context)
-            if response is None:  # refused: the status set on the context ends the stream
-                return
-            yield response
+    def VerifyStream(self, requests, context):
+        return self.in_order(requests, lambda request: self.Verify(request, context))
+
+    def VerifyBatchStream(self, requests, context):
+        return self.in_order(requests, lambda request: self.VerifyBatch(request, context))
 
 
 def _decoding(make, messages, vocab_size: int) -> Job:
@@ -133,5 +136,8 @@ def _tree(request) -> tree.Tree | None:
         raise invalid("draft_parents", str(e)) from None
 
 
-def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
-    worker_pb2_grpc.add_TargetVerifierServicer_to_server(TargetVerifierServicer(runtime, max_batch_tokens), server)
+def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                  ) -> TargetVerifierServicer:
+    servicer = TargetVerifierServicer(runtime, max_batch_tokens)
+    worker_pb2_grpc.add_TargetVerifierServicer_to_server(servicer, server)
+    return servicer

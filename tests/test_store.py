@@ -173,3 +173,32 @@ def test_what_the_orchestrator_raises_crosses_ray_intact():
                   _Refused(grpc.StatusCode.UNAVAILABLE, "no verifier"), invalid("gamma", "bad")):
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error) and vars(copy) == vars(error)
+
+
+def test_commits_made_in_one_turn_share_a_round_trip_and_fail_alone(redis_url):
+    """Concurrent commits go to Redis in one pipeline; a fenced one raises for its writer only."""
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        pipelines = []
+        pipeline = store.redis.pipeline
+
+        def counting(*args, **kwargs):
+            pipelines.append(kwargs)
+            return pipeline(*args, **kwargs)
+
+        store.redis.pipeline = counting
+        try:
+            for i in range(5):
+                await store.create(_record(f"turn-{i}"))
+            commits = [store.commit(f"turn-{i}", "writer-a" if i != 2 else "writer-b", 1, [10 + i], _cycle(i), _state())
+                       for i in range(5)]
+            results = await asyncio.gather(*commits, return_exceptions=True)
+            return pipelines, results, [await store.load(f"turn-{i}") for i in range(5)]
+        finally:
+            await store.close()
+
+    pipelines, results, records = asyncio.run(run())
+    assert [p for p in pipelines if not p.get("transaction", True)] == [{"transaction": False}]  # the commits'
+    assert isinstance(results[2], Fenced) and results[2].reason == "taken over"
+    assert [r for i, r in enumerate(results) if i != 2] == [None] * 4
+    assert [r.generated for r in records] == [[10], [11], [], [13], [14]]

@@ -7,6 +7,7 @@ test plugin is needed. Token comparisons are exact; probabilities get a small to
 """
 
 import asyncio
+import dataclasses
 import math
 import threading
 import time
@@ -483,11 +484,100 @@ def test_aio_clients_round_trip(servers, hf_draft, hf_target):
     argmax = hf_logits(hf_target, tokens + proposal.draft_tokens)[len(tokens) - 1 :].argmax(-1).tolist()
     assert verification.recovered_tokens == argmax[:3] and verification.bonus_token == argmax[3]
     assert verification.compute_ms > 0
-    # What the work cost the device: CPU time here, at most the wall time it took.
+    # What the work cost the device: CPU time here, at most the wall time it took on each of torch's
+    # threads (with more than one, the process's CPU time: tandem.services.batching).
     for answer in (proposal, verification):
-        assert 0 < answer.batching.cost_ms <= answer.compute_ms + 1.0
+        assert 0 < answer.batching.cost_ms <= torch.get_num_threads() * answer.compute_ms + 1.0
     assert miss is None
     assert released == (True, True)
+
+
+# --- batched calls: rows checked, run and answered on their own ------------------------------
+
+
+def test_a_batched_verify_answers_each_row_as_its_own_call_would(target_stub, hf_target):
+    """Good rows get what Verify gives them; a bad row its status naming the field; a row of an
+    unknown session its cache miss: none of them changes another's answer."""
+    rows = [prompt(6, seed=40 + i) for i in range(3)]
+    drafts = [[(7 * i + 3) % VOCAB, (5 * i + 1) % VOCAB] for i in range(3)]
+
+    def row(session_id, tokens, draft, cache_len=0):
+        return wire.verify_request(session_id, cache_len, tokens, wire.Proposal(draft, [1.0] * len(draft), [], 0.0),
+                                   GREEDY)
+
+    request = wire.batch_request("VerifyBatch", [
+        row("batch-0", rows[0], drafts[0]),
+        row("batch-bad", [VOCAB + 5], drafts[1]),  # a token id outside the vocabulary
+        row("batch-1", rows[1], drafts[1]),
+        row("batch-unknown", [3], drafts[2], cache_len=4),  # holds nothing: a cache miss
+        row("batch-2", rows[2], drafts[2]),
+    ])
+    answers = wire.batch_answers(target_stub.VerifyBatch(request, timeout=TIMEOUT_S))
+    assert len(answers) == 5
+    bad, miss = answers[1], wire.verification_from_pb(answers[3])
+    assert isinstance(bad, wire.Failure) and bad.code == grpc.StatusCode.INVALID_ARGUMENT and "tokens" in bad.message
+    assert miss is None
+    for i, answer in zip(range(3), (answers[0], answers[2], answers[4])):
+        verification = wire.verification_from_pb(answer)
+        argmax = hf_logits(hf_target, rows[i] + drafts[i])[len(rows[i]) - 1:].argmax(-1).tolist()
+        assert verification.recovered_tokens == argmax[:2] and verification.bonus_token == argmax[2]
+        assert verification.batching.sessions >= 3  # the three good rows shared their pass
+    for session_id in ("batch-0", "batch-1", "batch-2"):
+        target_stub.Release(wire.release_request(session_id), timeout=TIMEOUT_S)
+
+
+def test_a_batched_propose_over_its_stream_answers_in_order(draft_stub, hf_draft):
+    rows = [prompt(5, seed=50 + i) for i in range(4)]
+    gammas = [1, 3, 2, 4]
+    requests = [wire.batch_request("ProposeBatch", [wire.propose_request(f"pb-{b}-{i}", 0, t, g, GREEDY)
+                                                    for i, (t, g) in enumerate(zip(rows, gammas))]) for b in range(2)]
+    responses = list(draft_stub.ProposeBatchStream(iter(requests), timeout=TIMEOUT_S))
+    assert len(responses) == 2
+    for response in responses:
+        proposals = [wire.proposal_from_pb(answer) for answer in wire.batch_answers(response)]
+        assert [p.draft_tokens for p in proposals] == [hf_greedy(hf_draft, t, g) for t, g in zip(rows, gammas)]
+
+
+def test_describe_states_the_workers_message_limits(draft_stub):
+    info = wire.model_info_from_pb(draft_stub.Describe(wire.describe_request(), timeout=TIMEOUT_S))
+    assert info.max_request_bytes > 0 and info.max_response_bytes > 0
+
+
+def test_calls_made_in_one_turn_go_as_one_batch_each_answered_alone(servers, hf_draft):
+    """Concurrent Propose calls reach the worker as the rows of one batched call; a bad row fails
+    its own call only; rows cut into batches within the worker's limits get the same answers."""
+    rows = [prompt(4 + i, seed=60 + i) for i in range(6)]
+
+    async def main(limit_rows: int | None):
+        draft = DraftClient(servers["draft"], timeout_s=TIMEOUT_S)
+        batches = []
+        exchange = draft._exchange
+
+        async def counting(request):
+            batches.append(len(request.rows))
+            return await exchange(request)
+
+        draft._exchange = counting
+        try:
+            info = await draft.describe()
+            if limit_rows:  # room for about limit_rows answers of γ = 2 per batch
+                one = wire.answer_bound(wire.propose_request("x", 0, [1], 2, GREEDY), info.vocab_size)
+                draft.info = dataclasses.replace(info, max_response_bytes=limit_rows * (one + 16) + 20)
+            calls = [draft.propose(f"turn-{limit_rows}-{i}", 0, t, 2, GREEDY) for i, t in enumerate(rows)]
+            calls.insert(3, draft.propose("turn-bad", 0, [VOCAB + 1], 2, GREEDY))
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            for i in range(len(rows)):
+                await draft.release(f"turn-{limit_rows}-{i}")
+            return batches, results
+        finally:
+            await draft.close()
+
+    for limit_rows, expected in ((None, [7]), (2, [2, 2, 2, 1])):
+        batches, results = asyncio.run(main(limit_rows))
+        assert batches == expected
+        bad = results.pop(3)
+        assert isinstance(bad, grpc.aio.AioRpcError) and bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert [r.answer.draft_tokens for r in results] == [hf_greedy(hf_draft, t, 2) for t in rows]
 
 
 # --- the runtime's LRU eviction (no server) -------------------------------------------------

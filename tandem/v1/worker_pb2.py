@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import sampling_pb2 as tandem_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\x91\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x12\x13\n\x0btree_widths\x18\x07 \x03(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe3\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x15\n\rdraft_parents\x18\x07 \x03(\x05\"\x82\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x12-\n\x0cverification\x18\x08 \x01(\x0e\x32\x17.tandem.v1.Verification\x12\x15\n\rdraft_parents\x18\t \x03(\x05\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x02\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x1a\n\x12\x62lock_accept_probs\x18\x07 \x03(\x02\x12\x19\n\x11tree_accept_probs\x18\x08 \x03(\x02\x12\x1d\n\x15tree_recovered_tokens\x18\t \x03(\x05\x12\x11\n\tkept_path\x18\n \x03(\x05\"s\n\x08\x42\x61tching\x12\x0e\n\x06passes\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63ost_ms\x18\x05 \x01(\x01\x12\x13\n\x0bhandling_ms\x18\x06 \x01(\x01\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\x91\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\"\r\n\x0bLoadRequest\"F\n\nWorkerLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xd2\x02\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoad2\xcf\x02\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\x91\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x12\x13\n\x0btree_widths\x18\x07 \x03(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe3\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x15\n\rdraft_parents\x18\x07 \x03(\x05\"\x82\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x12-\n\x0cverification\x18\x08 \x01(\x0e\x32\x17.tandem.v1.Verification\x12\x15\n\rdraft_parents\x18\t \x03(\x05\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x02\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x1a\n\x12\x62lock_accept_probs\x18\x07 \x03(\x02\x12\x19\n\x11tree_accept_probs\x18\x08 \x03(\x02\x12\x1d\n\x15tree_recovered_tokens\x18\t \x03(\x05\x12\x11\n\tkept_path\x18\n \x03(\x05\"*\n\tRowStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\">\n\x13ProposeBatchRequest\x12\'\n\x04rows\x18\x01 \x03(\x0b\x32\x19.tandem.v1.ProposeRequest\";\n\x14ProposeBatchResponse\x12#\n\x04rows\x18\x01 \x03(\x0b\x32\x15.tandem.v1.ProposeRow\"`\n\nProposeRow\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.tandem.v1.RowStatus\x12,\n\x08response\x18\x02 \x01(\x0b\x32\x1a.tandem.v1.ProposeResponse\"<\n\x12VerifyBatchRequest\x12&\n\x04rows\x18\x01 \x03(\x0b\x32\x18.tandem.v1.VerifyRequest\"9\n\x13VerifyBatchResponse\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.tandem.v1.VerifyRow\"^\n\tVerifyRow\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.tandem.v1.RowStatus\x12+\n\x08response\x18\x02 \x01(\x0b\x32\x19.tandem.v1.VerifyResponse\"s\n\x08\x42\x61tching\x12\x0e\n\x06passes\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63ost_ms\x18\x05 \x01(\x01\x12\x13\n\x0bhandling_ms\x18\x06 \x01(\x01\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\xc8\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\x12\x19\n\x11max_request_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12max_response_bytes\x18\t \x01(\x04\"\r\n\x0bLoadRequest\"F\n\nWorkerLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xfe\x03\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12O\n\x0cProposeBatch\x12\x1e.tandem.v1.ProposeBatchRequest\x1a\x1f.tandem.v1.ProposeBatchResponse\x12Y\n\x12ProposeBatchStream\x12\x1e.tandem.v1.ProposeBatchRequest\x1a\x1f.tandem.v1.ProposeBatchResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoad2\xf5\x03\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12L\n\x0bVerifyBatch\x12\x1d.tandem.v1.VerifyBatchRequest\x1a\x1e.tandem.v1.VerifyBatchResponse\x12V\n\x11VerifyBatchStream\x12\x1d.tandem.v1.VerifyBatchRequest\x1a\x1e.tandem.v1.VerifyBatchResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,22 +48,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=337
   _globals['_VERIFYRESPONSE']._serialized_start=959
   _globals['_VERIFYRESPONSE']._serialized_end=1234
-  _globals['_BATCHING']._serialized_start=1236
-  _globals['_BATCHING']._serialized_end=1351
-  _globals['_RELEASEREQUEST']._serialized_start=1353
-  _globals['_RELEASEREQUEST']._serialized_end=1389
-  _globals['_RELEASERESPONSE']._serialized_start=1391
-  _globals['_RELEASERESPONSE']._serialized_end=1426
-  _globals['_DESCRIBEREQUEST']._serialized_start=1428
-  _globals['_DESCRIBEREQUEST']._serialized_end=1445
-  _globals['_MODELINFO']._serialized_start=1448
-  _globals['_MODELINFO']._serialized_end=1593
-  _globals['_LOADREQUEST']._serialized_start=1595
-  _globals['_LOADREQUEST']._serialized_end=1608
-  _globals['_WORKERLOAD']._serialized_start=1610
-  _globals['_WORKERLOAD']._serialized_end=1680
-  _globals['_DRAFTWORKER']._serialized_start=1683
-  _globals['_DRAFTWORKER']._serialized_end=2021
-  _globals['_TARGETVERIFIER']._serialized_start=2024
-  _globals['_TARGETVERIFIER']._serialized_end=2359
+  _globals['_ROWSTATUS']._serialized_start=1236
+  _globals['_ROWSTATUS']._serialized_end=1278
+  _globals['_PROPOSEBATCHREQUEST']._serialized_start=1280
+  _globals['_PROPOSEBATCHREQUEST']._serialized_end=1342
+  _globals['_PROPOSEBATCHRESPONSE']._serialized_start=1344
+  _globals['_PROPOSEBATCHRESPONSE']._serialized_end=1403
+  _globals['_PROPOSEROW']._serialized_start=1405
+  _globals['_PROPOSEROW']._serialized_end=1501
+  _globals['_VERIFYBATCHREQUEST']._serialized_start=1503
+  _globals['_VERIFYBATCHREQUEST']._serialized_end=1563
+  _globals['_VERIFYBATCHRESPONSE']._serialized_start=1565
+  _globals['_VERIFYBATCHRESPONSE']._serialized_end=1622
+  _globals['_VERIFYROW']._serialized_start=1624
+  _globals['_VERIFYROW']._serialized_end=1718
+  _globals['_BATCHING']._serialized_start=1720
+  _globals['_BATCHING']._serialized_end=1835
+  _globals['_RELEASEREQUEST']._serialized_start=1837
+  _globals['_RELEASEREQUEST']._serialized_end=1873
+  _globals['_RELEASERESPONSE']._serialized_start=1875
+  _globals['_RELEASERESPONSE']._serialized_end=1910
+  _globals['_DESCRIBEREQUEST']._serialized_start=1912
+  _globals['_DESCRIBEREQUEST']._serialized_end=1929
+  _globals['_MODELINFO']._serialized_start=1932
+  _globals['_MODELINFO']._serialized_end=2132
+  _globals['_LOADREQUEST']._serialized_start=2134
+  _globals['_LOADREQUEST']._serialized_end=2147
+  _globals['_WORKERLOAD']._serialized_start=2149
+  _globals['_WORKERLOAD']._serialized_end=2219
+  _globals['_DRAFTWORKER']._serialized_start=2222
+  _globals['_DRAFTWORKER']._serialized_end=2732
+  _globals['_TARGETVERIFIER']._serialized_start=2735
+  _globals['_TARGETVERIFIER']._serialized_end=3236
 # @@protoc_insertion_point(module_scope)

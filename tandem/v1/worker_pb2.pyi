@@ -103,6 +103,54 @@ class VerifyResponse(_message.Message):
     kept_path: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ..., tree_accept_probs: _Optional[_Iterable[float]] = ..., tree_recovered_tokens: _Optional[_Iterable[int]] = ..., kept_path: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class RowStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ProposeBatchRequest(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[ProposeRequest]
+    def __init__(self, rows: _Optional[_Iterable[_Union[ProposeRequest, _Mapping]]] = ...) -> None: ...
+
+class ProposeBatchResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[ProposeRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[ProposeRow, _Mapping]]] = ...) -> None: ...
+
+class ProposeRow(_message.Message):
+    __slots__ = ("status", "response")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    status: RowStatus
+    response: ProposeResponse
+    def __init__(self, status: _Optional[_Union[RowStatus, _Mapping]] = ..., response: _Optional[_Union[ProposeResponse, _Mapping]] = ...) -> None: ...
+
+class VerifyBatchRequest(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[VerifyRequest]
+    def __init__(self, rows: _Optional[_Iterable[_Union[VerifyRequest, _Mapping]]] = ...) -> None: ...
+
+class VerifyBatchResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[VerifyRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[VerifyRow, _Mapping]]] = ...) -> None: ...
+
+class VerifyRow(_message.Message):
+    __slots__ = ("status", "response")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    status: RowStatus
+    response: VerifyResponse
+    def __init__(self, status: _Optional[_Union[RowStatus, _Mapping]] = ..., response: _Optional[_Union[VerifyResponse, _Mapping]] = ...) -> None: ...
+
 class Batching(_message.Message):
     __slots__ = ("passes", "tokens", "sessions", "wait_ms", "cost_ms", "handling_ms")
     PASSES_FIELD_NUMBER: _ClassVar[int]
@@ -136,7 +184,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "device", "dtype", "num_parameters")
+    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "device", "dtype", "num_parameters", "max_request_bytes", "max_response_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +192,8 @@ class ModelInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_context: int
@@ -151,7 +201,9 @@ class ModelInfo(_message.Message):
     device: str
     dtype: str
     num_parameters: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ...) -> None: ...
+    max_request_bytes: int
+    max_response_bytes: int
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

@@ -45,6 +45,16 @@ class DraftWorkerStub:
                 request_serializer=tandem_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeBatch = channel.unary_unary(
+                '/tandem.v1.DraftWorker/ProposeBatch',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchResponse.FromString,
+                _registered_method=True)
+        self.ProposeBatchStream = channel.stream_stream(
+                '/tandem.v1.DraftWorker/ProposeBatchStream',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/tandem.v1.DraftWorker/Release',
                 request_serializer=tandem_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -77,6 +87,24 @@ class DraftWorkerServicer:
         """/ Propose over one long-lived stream (the orchestrator opens one per session): each request
         / is answered in order, exactly as Propose would answer it, without a new call's set-up
         / cost. An invalid request ends the stream with the status Propose would give it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeBatch(self, request, context):
+        """/ Propose for many sessions in one call: every row is checked on its own, the checked rows'
+        / work enters the model together (it shares the worker's passes from its first), and every
+        / row is answered on its own, in order: a row that fails (a bad field, a full cache) gets its
+        / status and the others their answers. A row's answer is what Propose would answer it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProposeBatchStream(self, request_iterator, context):
+        """/ ProposeBatch over one long-lived stream, each batch answered in order (the orchestrator
+        / opens one per batch in flight to the worker).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +143,16 @@ def add_DraftWorkerServicer_to_server(servicer, server):
                     servicer.ProposeStream,
                     request_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProposeBatch,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchResponse.SerializeToString,
+            ),
+            'ProposeBatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeBatchStream,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.ProposeBatchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -187,6 +225,60 @@ class DraftWorker:
             '/tandem.v1.DraftWorker/ProposeStream',
             tandem_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
             tandem_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DraftWorker/ProposeBatch',
+            tandem_dot_v1_dot_worker__pb2.ProposeBatchRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.ProposeBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeBatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.DraftWorker/ProposeBatchStream',
+            tandem_dot_v1_dot_worker__pb2.ProposeBatchRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.ProposeBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -299,6 +391,16 @@ class TargetVerifierStub:
                 request_serializer=tandem_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyBatch = channel.unary_unary(
+                '/tandem.v1.TargetVerifier/VerifyBatch',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchResponse.FromString,
+                _registered_method=True)
+        self.VerifyBatchStream = channel.stream_stream(
+                '/tandem.v1.TargetVerifier/VerifyBatchStream',
+                request_serializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/tandem.v1.TargetVerifier/Release',
                 request_serializer=tandem_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -330,6 +432,21 @@ class TargetVerifierServicer:
 
     def VerifyStream(self, request_iterator, context):
         """/ Verify over one long-lived stream, as ProposeStream is to Propose.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyBatch(self, request, context):
+        """/ Verify for many sessions in one call, as ProposeBatch is to Propose: rows checked and
+        / answered on their own, their blocks verified together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def VerifyBatchStream(self, request_iterator, context):
+        """/ VerifyBatch over one long-lived stream, as ProposeBatchStream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -368,6 +485,16 @@ def add_TargetVerifierServicer_to_server(servicer, server):
                     servicer.VerifyStream,
                     request_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyBatch,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchResponse.SerializeToString,
+            ),
+            'VerifyBatchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyBatchStream,
+                    request_deserializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_worker__pb2.VerifyBatchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -440,6 +567,60 @@ class TargetVerifier:
             '/tandem.v1.TargetVerifier/VerifyStream',
             tandem_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
             tandem_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.TargetVerifier/VerifyBatch',
+            tandem_dot_v1_dot_worker__pb2.VerifyBatchRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.VerifyBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyBatchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.TargetVerifier/VerifyBatchStream',
+            tandem_dot_v1_dot_worker__pb2.VerifyBatchRequest.SerializeToString,
+            tandem_dot_v1_dot_worker__pb2.VerifyBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

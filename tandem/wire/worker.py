@@ -6,6 +6,9 @@ Python and protobuf: tensors are the services' business.
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import grpc
 
 from tandem.math.params import SamplingParams
 from tandem.v1 import sampling_pb2, worker_pb2
@@ -155,6 +158,54 @@ def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
     )
 
 
+class Failure(NamedTuple):
+    """A batched call's row that has no answer: the status a call of its own would have ended with."""
+
+    code: grpc.StatusCode
+    message: str
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+_BATCHES = {  # rpc → its request, response and row messages
+    "ProposeBatch": (worker_pb2.ProposeBatchRequest, worker_pb2.ProposeBatchResponse, worker_pb2.ProposeRow),
+    "VerifyBatch": (worker_pb2.VerifyBatchRequest, worker_pb2.VerifyBatchResponse, worker_pb2.VerifyRow),
+}
+
+
+def batch_request(rpc: str, rows: list):
+    """A ProposeBatch or VerifyBatch request of these rows (ProposeRequest / VerifyRequest)."""
+    return _BATCHES[rpc][0](rows=rows)
+
+
+def batch_response(rpc: str, answers: list):
+    """The response of a batched call: per row its encoded answer, or its Failure."""
+    row = _BATCHES[rpc][2]
+    return _BATCHES[rpc][1](rows=[
+        row(status=worker_pb2.RowStatus(code=a.code.value[0], message=a.message)) if isinstance(a, Failure)
+        else row(response=a) for a in answers])
+
+
+def batch_answers(msg) -> list:
+    """Per row of a batched call's response: its response message, or its Failure."""
+    return [Failure(_CODES.get(r.status.code, grpc.StatusCode.UNKNOWN), r.status.message) if r.status.code
+            else r.response for r in msg.rows]
+
+
+def answer_bound(request, vocab_size: int) -> int:
+    """At most how many bytes a row's answer takes in a batched call's response: a drafted token's
+    id, probability and (sampling) distribution of up to 4 bytes per vocabulary entry; a verified
+    token's few numbers; room for the rest."""
+    if isinstance(request, worker_pb2.VerifyRequest):
+        return 256 + 32 * (len(request.draft_tokens) + 1)
+    drafted = request.gamma  # a token tree's nodes: the product of widths down each depth, summed
+    level = 1
+    for width in request.tree_widths:
+        level *= width
+        drafted += level - 1
+    greedy = request.sampling.temperature == 0
+    return 256 + drafted * (32 + (0 if greedy else 16 + 4 * vocab_size))
+
+
 def release_request(session_id: str) -> worker_pb2.ReleaseRequest:
     return worker_pb2.ReleaseRequest(session_id=session_id)
 
@@ -178,6 +229,8 @@ class ModelInfo:
     device: str
     dtype: str
     num_parameters: int
+    max_request_bytes: int = 0  # the worker's gRPC limits (0: not stated)
+    max_response_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,12 +258,13 @@ def model_info_to_pb(info: ModelInfo) -> worker_pb2.ModelInfo:
     return worker_pb2.ModelInfo(
         model=info.model, vocab_size=info.vocab_size, max_context=info.max_context,
         eos_token_ids=info.eos_token_ids, device=info.device, dtype=info.dtype,
-        num_parameters=info.num_parameters,
+        num_parameters=info.num_parameters, max_request_bytes=info.max_request_bytes,
+        max_response_bytes=info.max_response_bytes,
     )
 
 
 def model_info_from_pb(msg: worker_pb2.ModelInfo) -> ModelInfo:
     return ModelInfo(
         msg.model, msg.vocab_size, msg.max_context, tuple(msg.eos_token_ids), msg.device,
-        msg.dtype, msg.num_parameters,
+        msg.dtype, msg.num_parameters, msg.max_request_bytes, msg.max_response_bytes,
     )
