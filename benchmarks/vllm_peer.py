@@ -220,7 +220,8 @@ def run_tandem(prompts: list[list[int]], args, drafter: str, gammas: tuple[int |
     say(f"tandem ({drafter} drafter): load before: {load}")
     started = time.perf_counter()
     cluster = LocalCluster(args.draft, args.target, free_port(), threads=args.threads, max_gamma=8, echo=False,
-                           draft_ahead=True, options={"max_sessions": max(64, *args.levels), "tree_widths": (2, 2)},
+                           draft_ahead=True, options={"max_sessions": max(64, *args.levels), "tree_widths": (2, 2),
+                                                      "stream_interval": args.stream_interval},
                            drafter=drafter)
     results = {}
     with cluster:
@@ -359,6 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tandem's draft workers, comma-separated: hybrid (tandem bench's default), model (the "
                         "draft model alone, as vLLM drafts), ngram")
     p.add_argument("--systems", default="vllm_target,vllm_draft,tandem", help="which to run, comma-separated")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="tandem's --stream-interval: tokens a streamed chunk holds at least (vLLM streams every token)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", default=str(ROOT / "models" / "target"))
     p.add_argument("--draft", default=str(ROOT / "models" / "draft"))

@@ -40,6 +40,7 @@ class OrchestratorConfig:
     # the application's config. None: no token, anyone who reaches the ingress may call it.
     api_key_sha256: str | None = None
     max_sessions: int = 64  # generations in flight per replica; more are refused (RESOURCE_EXHAUSTED)
+    stream_interval: int = 1  # tokens a streamed chunk holds at least, but the first and the last
     tls: TLSFiles | None = None  # mutual TLS to the workers: the orchestrator's cert and key, the workers' CA
 
     def __post_init__(self) -> None:
@@ -79,6 +80,8 @@ class OrchestratorConfig:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.api_key_sha256 is not None and len(self.api_key_sha256) != 64:
             raise ValueError("api_key_sha256 must be a SHA-256 hex digest (use api_key_digest)")
 

@@ -265,18 +265,25 @@ class GenerationService:
     # --- cycles to chunks, and how a request ends ------------------------------------------
 
     async def _serve(self, session: Session, span, detok: IncrementalDetokenizer, grpc_context):
-        """Run the session's cycles and turn each into a chunk; end the request cleanly however
-        it ends: finished, refused (a clear status), or abandoned by its client."""
+        """Run the session's cycles and stream their tokens: the first cycle's at once (the time to
+        the first token), then a chunk once it holds config.stream_interval tokens, and the rest
+        at the end; end the request cleanly however it ends: finished, refused (a clear status), or
+        abandoned by its client (committed tokens it was not sent yet are resumable)."""
         clock = metrics.RequestClock()
         here = trace.set_span_in_context(span)
         ended = ""  # how the session ended when it did not finish: abandoned, unavailable, taken over
         try:
+            held, first = [], True  # committed tokens not yet streamed (config.stream_interval)
             async for out in self.loop.run(session, here):
                 metrics.observe_cycle(session.stats.per_cycle[-1])
-                clock.delivered(len(out.tokens), session.finish_reason if out.finished else "")
+                held += out.tokens
                 last = out.finished
-                yield wire.Chunk(session.session_id, out.tokens, detok.push(out.tokens, final=last),
+                if not (first or last or len(held) >= self.config.stream_interval):
+                    continue
+                clock.delivered(len(held), session.finish_reason if last else "")
+                yield wire.Chunk(session.session_id, held, detok.push(held, final=last),
                                  session.finish_reason if last else "", session.stats if last else None)
+                held, first = [], False
         except BaseException as e:
             ended = _ending(e)
             _refuse(grpc_context, span, e)

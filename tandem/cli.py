@@ -148,6 +148,9 @@ NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the dra
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
 MAX_SESSIONS_HELP = "generations in flight per orchestrator replica; more get RESOURCE_EXHAUSTED at once"
+STREAM_INTERVAL_HELP = ("tokens a streamed chunk holds at least (the first and the last chunk excepted): more cost "
+                        "Ray and the Serve replica less CPU per token under load, at the cost of burstier streams "
+                        "(SGLang's --stream-interval); 1: every cycle's tokens at once")
 
 
 def _wait_for_signal() -> None:
@@ -158,14 +161,14 @@ def _wait_for_signal() -> None:
 
 
 def _ingress_options(args, command: str) -> dict:
-    """The OrchestratorConfig fields of the ingress's security: its token (digested) and its cap."""
+    """The OrchestratorConfig fields of the ingress: its token (digested), its cap, its chunks."""
     from tandem.orchestrator.config import api_key_digest
 
     try:
         digest = api_key_digest(args.api_key or os.environ.get(API_KEY_ENV))
     except ValueError as e:
         raise SystemExit(f"tandem {command}: {e}") from None
-    return {"api_key_sha256": digest, "max_sessions": args.max_sessions}
+    return {"api_key_sha256": digest, "max_sessions": args.max_sessions, "stream_interval": args.stream_interval}
 
 
 def _check_ingress_port(port: int, command: str) -> None:
@@ -524,6 +527,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--max-batch-tokens", type=_positive, default=512, help=MAX_BATCH_TOKENS_HELP)
     up.add_argument("--api-key", help=API_KEY_HELP)
     up.add_argument("--max-sessions", type=_positive, default=64, help=MAX_SESSIONS_HELP)
+    up.add_argument("--stream-interval", type=_positive, default=1, help=STREAM_INTERVAL_HELP)
     up.add_argument("--metrics-port", type=int, default=UP_METRICS_PORT,
                     help="Prometheus: the orchestrator here, the workers on the ports after it, drafts first (0: off)")
     up.add_argument("--tls", action="store_true",
@@ -587,6 +591,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--replicas", type=_positive, default=1, help="Ray Serve replicas of the orchestrator")
     orch.add_argument("--api-key", help=API_KEY_HELP)
     orch.add_argument("--max-sessions", type=_positive, default=64, help=MAX_SESSIONS_HELP)
+    orch.add_argument("--stream-interval", type=_positive, default=1, help=STREAM_INTERVAL_HELP)
     orch.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     orch.add_argument("--tokenizer", help="tokenizer directory (default: token-id prompts only)")
     orch.add_argument("--grpc-port", type=int, default=9000)

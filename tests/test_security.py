@@ -28,6 +28,7 @@ pytestmark = pytest.mark.cluster
 APP = "secure"
 API_KEY = "correct horse battery staple"
 MAX_SESSIONS = 20
+STREAM_INTERVAL = 5  # tokens a chunk holds at least, but the first and the last
 LONG = 200  # tokens: a generation that is still running while a test looks at it
 Code = grpc.StatusCode
 
@@ -37,7 +38,7 @@ def secure(pair, cluster, tmp_path_factory):
     local = LocalCluster(pair["draft"], pair["target"], cluster["port"], threads=1, echo=False,
                          metrics_port=free_port(), tls_dir=str(tmp_path_factory.mktemp("tls")),
                          options={"app_name": APP, "api_key_sha256": api_key_digest(API_KEY),
-                                  "max_sessions": MAX_SESSIONS})
+                                  "max_sessions": MAX_SESSIONS, "stream_interval": STREAM_INTERVAL})
     with local:
         yield local
 
@@ -139,6 +140,18 @@ def test_greedy_output_over_mutual_tls_is_the_targets(secure, pair, target_model
         for prompt in pair["prompts"][:3]:
             assert c.generate(prompt_token_ids=prompt, max_tokens=24, temperature=0).token_ids == \
                 hf_greedy(target_model, prompt, 24)
+
+
+def test_chunks_hold_the_stream_interval_and_the_tokens_are_the_targets(secure, long_prompts, target_model):
+    """The first cycle's tokens come at once, then chunks of at least STREAM_INTERVAL tokens,
+    then what is left: together the target's greedy tokens, in order."""
+    prompt = long_prompts[0]
+    with _client(secure) as c:
+        chunks = [chunk.token_ids for chunk in c.stream(prompt_token_ids=prompt, max_tokens=40, temperature=0, gamma=2)]
+    sizes = [len(tokens) for tokens in chunks if tokens]
+    assert [t for tokens in chunks for t in tokens] == hf_greedy(target_model, prompt, 40)
+    assert len(sizes) >= 3 and all(n >= STREAM_INTERVAL for n in sizes[1:-1])
+    assert sizes[0] <= 3  # the first cycle's (γ = 2: at most three tokens), not held back
 
 
 # --- bounded: sizes, sessions, abandoned streams ---------------------------------------------

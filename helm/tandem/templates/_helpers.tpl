@@ -441,7 +441,7 @@ prometheus.io/path: /metrics
 {{- define "tandem.orchestratorFlags" -}}
 {{- $o := .Values.orchestrator }}
 {{- $flags := list "--draft" (include "tandem.drafterAddress" .) "--target" (include "tandem.verifierAddress" .) }}
-{{- $flags = concat $flags (list "--replicas" (toString (int $o.replicas)) "--max-sessions" (toString (int $o.maxSessions)) "--max-gamma" (toString (int $o.maxGamma)) "--verification" $o.verification) }}
+{{- $flags = concat $flags (list "--replicas" (toString (int $o.replicas)) "--max-sessions" (toString (int $o.maxSessions)) "--stream-interval" (toString (int $o.streamInterval)) "--max-gamma" (toString (int $o.maxGamma)) "--verification" $o.verification) }}
 {{- $widths := list }}
 {{- range $o.treeWidths }}{{ $widths = append $widths (toString (int .)) }}{{ end }}
 {{- $flags = concat $flags (list "--draft-shape" $o.draftShape "--tree-widths" (join "," $widths)) }}
