@@ -161,6 +161,9 @@ class WorkerClient:
             stream.cancel()
             raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
                                        f"no answer in {self.timeout_s} s") from None
+        except asyncio.InvalidStateError:  # the stream ended between the check and the write
+            stream.cancel()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the stream to the worker ended") from None
         except BaseException:  # failed or cancelled half-way: its answer must not reach the next batch
             stream.cancel()
             raise

@@ -580,6 +580,46 @@ def test_calls_made_in_one_turn_go_as_one_batch_each_answered_alone(servers, hf_
         assert [r.answer.draft_tokens for r in results] == [hf_greedy(hf_draft, t, 2) for t in rows]
 
 
+def test_a_restarted_worker_gets_new_batch_streams_not_the_ended_ones(draft_dir):
+    """A batch stream left open to a worker that then restarts has ended: the next call must not
+    write to it (that raises no gRPC status), but answer, or fail with a status that moves the
+    session to another worker."""
+    runtime = ModelRuntime(draft_dir)
+    loop = _BackgroundLoop()
+    try:
+        server, port = loop.run(start_server(draft_worker.add_to_server, runtime, "127.0.0.1", 0))
+
+        async def call(draft):
+            try:
+                return (await draft.propose("restart", 0, prompt(5, seed=70), 2, GREEDY)).answer.draft_tokens
+            except grpc.aio.AioRpcError as e:
+                return e.code()
+
+        async def main():
+            draft = DraftClient(f"127.0.0.1:{port}", timeout_s=TIMEOUT_S)
+            try:
+                await draft.describe()
+                first = await call(draft)
+                loop.run(server.stop(None))
+                servers.append(loop.run(start_server(draft_worker.add_to_server, runtime, "127.0.0.1", port))[0])
+                after = []
+                while not after or (after[-1] != first and len(after) < 50):  # until the channel reconnects
+                    after.append(await call(draft))
+                    await asyncio.sleep(0.05)
+                return first, after
+            finally:
+                await draft.close()
+
+        servers = []
+        first, after = asyncio.run(main())
+        assert isinstance(first, list) and len(first) == 2
+        assert all(a == grpc.StatusCode.UNAVAILABLE for a in after[:-1]) and after[-1] == first, after
+    finally:
+        for server in servers:
+            loop.run(server.stop(None))
+        loop.close()
+
+
 # --- the runtime's LRU eviction (no server) -------------------------------------------------
 
 
