@@ -378,10 +378,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ensure_vllm_venv()
-    if len(preload_libraries(str(VENV))) < 2:
-        say("note: vLLM's CPU guide preloads tcmalloc (apt-get install libtcmalloc-minimal4) and Intel's OpenMP; "
-            f"found only {preload_libraries(str(VENV))}")
+    if any(system.startswith("vllm") for system in args.systems):  # tandem alone needs no vLLM
+        ensure_vllm_venv()
+        if len(preload_libraries(str(VENV))) < 2:
+            say("note: vLLM's CPU guide preloads tcmalloc (apt-get install libtcmalloc-minimal4) and Intel's "
+                f"OpenMP; found only {preload_libraries(str(VENV))}")
     prompts = load_prompt_ids(args.target, args.limit)
     say(f"{len(prompts)} prompts, levels {args.levels}, max {args.max_tokens} tokens")
     started = time.time()
