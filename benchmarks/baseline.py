@@ -100,6 +100,27 @@ def in_turn(engines: dict[str, Engine], i: int) -> list[str]:
     return list(engines) if i % 2 else list(reversed(engines))
 
 
+def shown(engines: list[str]) -> list[str]:
+    """The engines in a table's order: the one before first."""
+    return [e for e in ("before", "batched") if e in engines]
+
+
+def save(out: Path, name: str, commit: str | None, rows: list) -> None:
+    """rows as out/name.json, with the baseline they were measured against."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"baseline": commit, "rows": rows}, indent=1))
+
+
+def pyplot():
+    """matplotlib's pyplot, drawing to files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def package(commit: str) -> str:
     """A directory holding the commit's `tandem` package, laid out as installed (services/ and
     orchestrator/ under tandem/) → its path; a directory given instead is taken as it is."""

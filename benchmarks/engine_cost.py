@@ -163,18 +163,13 @@ def main() -> None:
     rows, engines = baseline.side_by_side(__file__, args.baseline,
                                           lambda e: measure(e, counts, gammas, args.max_tokens, args.repeats),
                                           args=("--serve", str(max(counts))))
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "engine_cost.json").write_text(json.dumps({"baseline": args.baseline, "rows": rows}, indent=1))
+    baseline.save(OUT, "engine_cost", args.baseline, rows)
     write_table(rows, engines)
 
 
 def write_table(rows: list[dict], engines: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shown = [e for e in ("before", "batched") if e in engines]
+    plt = baseline.pyplot()
+    shown = baseline.shown(engines)
     paired = "before" in shown
     lines = ["| sessions | γ | tokens per cycle | " + " | ".join(
         f"{e}: target CPU ms/token | {e}: draft CPU ms/token" for e in shown)

@@ -145,18 +145,13 @@ def main() -> None:
         return
     counts = [int(n) for n in args.sessions.split(",")]
     rows, engines = baseline.side_by_side(__file__, args.baseline, lambda e: measure(e, counts, args.rounds))
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "operator_calls.json").write_text(json.dumps({"baseline": args.baseline, "rows": rows}, indent=1))
+    baseline.save(OUT, "operator_calls", args.baseline, rows)
     write_table(rows, engines)
 
 
 def write_table(rows: list[dict], engines: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shown = [e for e in ("before", "batched") if e in engines]
+    plt = baseline.pyplot()
+    shown = baseline.shown(engines)
     lines = ["| worker | workload | sessions | " + " | ".join(f"{e}: operator calls" for e in shown) + " | "
              + " | ".join(f"{e}: CPU ms per round" for e in shown) + (" | batched ÷ before (paired) |"
                                                                        if "before" in shown else " |"),

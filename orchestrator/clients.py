@@ -6,9 +6,8 @@ A worker gets one message per step, not one per session: the Propose (Verify) ca
 sessions make in the same turn of the event loop (tandem.orchestrator.turns) go to the worker
 as the rows of one batched call (ProposeBatch, VerifyBatch), packed within the worker's message
 limits (its ModelInfo), and each call gets its row's answer or its row's status as the call's
-own. Batches travel on long-lived streams
-(ProposeBatchStream, VerifyBatchStream), one per batch in flight: a message on an open stream
-costs about 0.7 ms less than a unary call here. A batch that fails or is cancelled half-way
+own. Batches travel on long-lived streams (ProposeBatchStream, VerifyBatchStream), one per
+batch in flight: a message on an open stream costs about 0.7 ms less than a unary call here. A batch that fails or is cancelled half-way
 drops its stream, whose unread answer must not reach the next batch, and fails each of its rows
 with its status (UNAVAILABLE moves each session to another worker on its own)."""
 
@@ -22,6 +21,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from tandem import tracing
+from tandem.math import tree
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.turns import Turn
 from tandem.tls import TLSFiles, channel_credentials
@@ -127,7 +127,7 @@ class WorkerClient:
         batches, request_bytes, answer_bytes = [], 0, 0
         for row in rows:
             size = row.ByteSize() + ROW_BYTES
-            bound = wire.answer_bound(row, info.vocab_size) + ROW_BYTES
+            bound = self.answer_bound(row, info.vocab_size) + ROW_BYTES
             if not batches or request_bytes + size > info.max_request_bytes - ROW_BYTES \
                     or answer_bytes + bound > info.max_response_bytes - ROW_BYTES:
                 batches.append([])
@@ -135,6 +135,11 @@ class WorkerClient:
             batches[-1].append(row)
             request_bytes, answer_bytes = request_bytes + size, answer_bytes + bound
         return batches
+
+    @staticmethod
+    def answer_bound(request, vocab_size: int) -> int:
+        """At most how many bytes a request's answer takes in a batched response."""
+        raise NotImplementedError
 
     async def _send(self, batch: list) -> list:
         """One batched call → per row its answer, or its (or the call's) status as an AioRpcError."""
@@ -184,9 +189,18 @@ class WorkerClient:
         ) as span:
             yield span, tracing.metadata() if span.get_span_context().is_valid else ()
 
+
 class DraftClient(WorkerClient):
     stub_class = worker_pb2_grpc.DraftWorkerStub
     batch_rpc = "ProposeBatch"
+
+    @staticmethod
+    def answer_bound(request, vocab_size: int) -> int:
+        """Per drafted token (a tree's nodes) its id, probability and parent, and when sampling its
+        distribution of up to 4 bytes per vocabulary entry; room for the rest."""
+        drafted = tree.size(tuple(request.tree_widths)) if request.tree_widths else request.gamma
+        greedy = request.sampling.temperature == 0
+        return 256 + drafted * (32 + (0 if greedy else 16 + 4 * vocab_size))
 
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
@@ -207,6 +221,11 @@ class DraftClient(WorkerClient):
 class VerifierClient(WorkerClient):
     stub_class = worker_pb2_grpc.TargetVerifierStub
     batch_rpc = "VerifyBatch"
+
+    @staticmethod
+    def answer_bound(request, vocab_size: int) -> int:
+        """A few numbers per drafted token (a tree's node) and one more; room for the rest."""
+        return 256 + 32 * (len(request.draft_tokens) + 1)
 
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,

@@ -14,10 +14,10 @@ A session has one writer at a time. Each cycle commits in one server-side script
 client sees its tokens, and only if the writer still owns the session (`owner`, which a
 resume takes over) and the session is at the cycle before it: a stale writer stops, and a
 token is committed exactly once. A commit retried after a lost reply finds its own cycle
-already there and succeeds without writing twice. The commits a replica's sessions make in one turn of
-its event loop travel to Redis in one round trip (tandem.orchestrator.turns: a pipeline of
-the script, each commit fenced and answered on its own). Redis faults are retried for a bounded
-time, then reported as `StoreUnavailable`.
+already there and succeeds without writing twice. The commits a replica's sessions make in
+one turn of its event loop travel to Redis in one round trip (tandem.orchestrator.turns: a
+pipeline of the script, each commit fenced and answered on its own). Redis faults are retried
+for a bounded time, then reported as `StoreUnavailable`.
 
 Redis over TLS is a rediss:// URL; redis-py reads the TLS files from its query string (a
 password or an ACL user goes before the host, percent-encoded):

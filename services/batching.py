@@ -117,6 +117,7 @@ class Batcher:
                     self._start_job(waiting, job, future, submitted)
 
     def _start_job(self, waiting: list[_Running], job, future: concurrent.futures.Future, submitted: float) -> None:
+        """A job to its first step (then it waits for a round), or a plain function run now."""
         if inspect.isgenerator(job):
             running = _Running(job, future, submitted)
             if self._advance(running, None):

@@ -5,9 +5,9 @@ from dataclasses import replace
 from tandem.math import tree
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, node_uniforms
-from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
+from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
-from tandem.services.runtime import ModelRuntime, Step
+from tandem.services.runtime import Step
 from tandem.services.sampler import Branch, Draw
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
@@ -97,6 +97,7 @@ def check_tree_widths(widths: list[int], gamma: int) -> None:
 
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
     service = "tandem.v1.DraftWorker"
+    register = staticmethod(worker_pb2_grpc.add_DraftWorkerServicer_to_server)
 
     def prepare(self, request) -> tuple[Job, bool]:
         self.check_sequence(request.session_id, request.cache_len, request.tokens)
@@ -135,7 +136,4 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         return self.in_order(requests, lambda request: self.ProposeBatch(request, context))
 
 
-def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> DraftWorkerServicer:
-    servicer = DraftWorkerServicer(runtime, max_batch_tokens)
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, server)
-    return servicer
+add_to_server = DraftWorkerServicer.add_to_server

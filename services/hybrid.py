@@ -8,18 +8,17 @@ tokens, the lowest point the list was cropped to since the model last ran. When 
 finds nothing, the model's first step feeds the list from there (the tokens committed, or
 drafted by lookup, since), then it drafts as the draft worker does. The lookup's drafts are
 one-hot, the model's are its distributions; each proposal is one or the other, chosen from the
-context alone, so verification stays exact either way (ARCHITECTURE.md: one-hot drafts).
+context alone, so verification stays exact either way (README: How it is exact, one-hot drafts).
 """
 
 from dataclasses import dataclass, replace
 
 from tandem.math.params import SamplingParams
 from tandem.services import draft_worker
-from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
+from tandem.services.batching import Job
 from tandem.services.draft_worker import DraftWorkerServicer
 from tandem.services.ngram import Lookup, NgramRuntime, one_hot
 from tandem.services.runtime import CacheMiss, ModelRuntime, Step
-from tandem.v1 import worker_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,4 @@ class HybridDraftServicer(DraftWorkerServicer):
         return job, self.returned_probs(request, params)
 
 
-def add_to_server(runtime: HybridRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> HybridDraftServicer:
-    servicer = HybridDraftServicer(runtime, max_batch_tokens)
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, server)
-    return servicer
+add_to_server = HybridDraftServicer.add_to_server

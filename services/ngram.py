@@ -8,7 +8,7 @@ committed tokens and a block's first γ−1 drafted ones, as the orchestrator as
 failover and traces treat it like any draft worker. Its drafts are one-hot: probability 1 for
 the proposed token, sent as one-entry sparse distributions when the request samples; the
 verifier's residual is then the target with the drafted token removed, which is exact (see
-ARCHITECTURE.md, one-hot drafts). It needs no GPU: a drafter for any CPU node.
+the README, How it is exact: one-hot drafts). It needs no GPU: a drafter for any CPU node.
 """
 
 from collections import OrderedDict
@@ -17,10 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tandem.math.params import SamplingParams
-from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
+from tandem.services.batching import Job
 from tandem.services.draft_worker import DraftWorkerServicer
 from tandem.services.runtime import CacheMiss, Step
-from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 
 # What the worker takes: any int32 token id, contexts up to a million tokens. The orchestrator
@@ -145,7 +144,4 @@ class NgramDraftServicer(DraftWorkerServicer):
         return job, 0 if params.greedy else request.gamma
 
 
-def add_to_server(runtime: NgramRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> NgramDraftServicer:
-    servicer = NgramDraftServicer(runtime, max_batch_tokens)
-    worker_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, server)
-    return servicer
+add_to_server = NgramDraftServicer.add_to_server

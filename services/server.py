@@ -120,16 +120,27 @@ class WorkerServicer:
     """Base of the draft and verify servicers: decode, validate, compute on the model thread."""
 
     service = ""  # the gRPC service's full name, e.g. "tandem.v1.DraftWorker"
+    register = None  # the generated add_*Servicer_to_server of that service
 
-    def __init__(self, runtime: ModelRuntime, max_batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+    def __init__(self, runtime: ModelRuntime, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                 limits: MessageLimits | None = None) -> None:
+        """limits: the server's message limits, which Describe states (callers pack batched calls
+        within them); by default what either kind of worker takes for the runtime's model."""
         self.runtime = runtime
         # One thread owns the model and runs the work of all sessions in shared passes.
         self.batcher = Batcher(runtime, max_batch_tokens)
         self.handling = CpuMeter()  # the event loop's CPU per call: decoding, validating, encoding
         self.queued = 0  # jobs waiting for the model thread or running on it
-        info = runtime.info
-        self.limits = any_worker_limits(info.vocab_size, info.max_context)  # start_server sets the server's
+        self.limits = limits or any_worker_limits(runtime.info.vocab_size, runtime.info.max_context)
         self._trim_pending = False
+
+    @classmethod
+    def add_to_server(cls, runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                      limits: MessageLimits | None = None) -> "WorkerServicer":
+        """A servicer of this class for the runtime, registered on the server."""
+        servicer = cls(runtime, max_batch_tokens, limits)
+        cls.register(servicer, server)
+        return servicer
 
     def check_sequence(self, session_id: str, cache_len: int, tokens) -> None:
         check_session_id(session_id)
@@ -286,8 +297,7 @@ async def start_server(add_servicer, runtime: ModelRuntime, host: str, port: int
         ("grpc.so_reuseport", 0),
     ]
     server = grpc.aio.server(options=options)
-    servicer = add_servicer(runtime, _ParsingRegistrar(server))
-    servicer.limits = limits  # Describe states them: callers pack batched calls within them
+    add_servicer(runtime, _ParsingRegistrar(server), limits=limits)
     health_servicer = health_servicer or health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, _ParsingRegistrar(server))
     address = f"{host}:{port}"

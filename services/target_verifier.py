@@ -6,9 +6,9 @@ from tandem.math import tree
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, node_uniforms
 from tandem.services import distributions
-from tandem.services.batching import DEFAULT_BATCH_TOKENS, Job
+from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
-from tandem.services.runtime import KeepPath, ModelRuntime, Step
+from tandem.services.runtime import KeepPath, Step
 from tandem.services.sampler import Check, CheckTree
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
@@ -64,6 +64,7 @@ def verify_tree(
 
 class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServicer):
     service = "tandem.v1.TargetVerifier"
+    register = staticmethod(worker_pb2_grpc.add_TargetVerifierServicer_to_server)
 
     def prepare(self, request) -> tuple[Job, bool]:
         self.check_sequence(request.session_id, request.cache_len, request.tokens)
@@ -136,8 +137,4 @@ def _tree(request) -> tree.Tree | None:
         raise invalid("draft_parents", str(e)) from None
 
 
-def add_to_server(runtime: ModelRuntime, server, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
-                  ) -> TargetVerifierServicer:
-    servicer = TargetVerifierServicer(runtime, max_batch_tokens)
-    worker_pb2_grpc.add_TargetVerifierServicer_to_server(servicer, server)
-    return servicer
+add_to_server = TargetVerifierServicer.add_to_server

@@ -195,7 +195,7 @@ def test_probe_every_is_configurable():
 
 
 def test_acceptance_estimate_counts_verified_tokens():
-    """α = accepted / verified, verified = accepted + the one rejected token (ARCHITECTURE)."""
+    """α = accepted / verified, verified = accepted + the one rejected token (README: Statistics)."""
     policy = GammaPolicy(prior_alpha=0.6, prior_weight=2.0, decay=0.9)
     policy.observe(CycleCosts(4, 2, 4.0, 1.0, 10.0, 1.0, 1.0))  # 2 accepted, 3 verified
     assert (policy.accepted, policy.verified) == (2.0, 3.0)

@@ -561,7 +561,7 @@ def test_calls_made_in_one_turn_go_as_one_batch_each_answered_alone(servers, hf_
         try:
             info = await draft.describe()
             if limit_rows:  # room for about limit_rows answers of γ = 2 per batch
-                one = wire.answer_bound(wire.propose_request("x", 0, [1], 2, GREEDY), info.vocab_size)
+                one = DraftClient.answer_bound(wire.propose_request("x", 0, [1], 2, GREEDY), info.vocab_size)
                 draft.info = dataclasses.replace(info, max_response_bytes=limit_rows * (one + 16) + 20)
             calls = [draft.propose(f"turn-{limit_rows}-{i}", 0, t, 2, GREEDY) for i, t in enumerate(rows)]
             calls.insert(3, draft.propose("turn-bad", 0, [VOCAB + 1], 2, GREEDY))

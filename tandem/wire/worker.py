@@ -191,21 +191,6 @@ def batch_answers(msg) -> list:
             else r.response for r in msg.rows]
 
 
-def answer_bound(request, vocab_size: int) -> int:
-    """At most how many bytes a row's answer takes in a batched call's response: a drafted token's
-    id, probability and (sampling) distribution of up to 4 bytes per vocabulary entry; a verified
-    token's few numbers; room for the rest."""
-    if isinstance(request, worker_pb2.VerifyRequest):
-        return 256 + 32 * (len(request.draft_tokens) + 1)
-    drafted = request.gamma  # a token tree's nodes: the product of widths down each depth, summed
-    level = 1
-    for width in request.tree_widths:
-        level *= width
-        drafted += level - 1
-    greedy = request.sampling.temperature == 0
-    return 256 + drafted * (32 + (0 if greedy else 16 + 4 * vocab_size))
-
-
 def release_request(session_id: str) -> worker_pb2.ReleaseRequest:
     return worker_pb2.ReleaseRequest(session_id=session_id)
 
