@@ -298,11 +298,13 @@ class GenerationService:
     async def _end(self, session: Session, ended: str, parent) -> None:
         """Record how an unfinished session ended (it stays resumable) and free its caches now
         rather than waiting for LRU eviction: they are soft state. A session another stream took
-        over keeps both."""
+        over keeps both; this writer only closes its streams."""
         pools = {"draft": self.drafts, "target": self.targets}
         clients = [pools[kind].workers[address].client for kind, address in session.used
                    if address in pools[kind].workers]
         if ended == "taken over":
+            await asyncio.gather(*(c.end_stream((session.session_id, session.owner)) for c in clients),
+                                 return_exceptions=True)
             return
         if ended in ("abandoned", "unavailable"):  # resumable; the record says why it stopped
             try:

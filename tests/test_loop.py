@@ -132,9 +132,9 @@ def test_no_verifier_left_waits_the_bound_then_the_session_stays_resumable(worke
     assert record.status == "running" and record.generated == [] and record.cycle == 0
 
 
-def test_two_writers_of_one_session_on_one_replica_do_not_disturb_each_other(workers, redis_url, pair, target_model):
-    """A resume can take a session over on the very replica still writing it. The first
-    writer's cleanup must not end the second's calls (their rows may share a batched call). The
+def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(workers, redis_url, pair, target_model):
+    """A resume can take a session over on the very replica still writing it. The two writers
+    must not share a worker stream: the first one's cleanup would close the second's. The
     first is fenced at its next commit; the second writes the session to its end."""
     from tandem.orchestrator.cycle import Session
     from tandem.orchestrator.policy import GammaPolicy
