@@ -2,12 +2,14 @@
 (None on a cache miss), its wall time, so the loop can tell transport from compute, and the
 protobuf bytes it moved.
 
-Propose and Verify travel on one stream per session and writer (ProposeStream, VerifyStream):
-a message on an open stream costs about 0.7 ms less than a unary call here. Keyed by writer
-too, because two writers of one session can meet on one replica while a resume takes it over,
-and neither may close the other's stream. A writer has one call in flight per worker at a
-time; a call that fails or is cancelled half-way drops its stream, whose unread answer must not
-reach the next call. `release` ends the writer's streams."""
+A worker gets one message per step, not one per session: the Propose (Verify) calls that
+sessions make in the same turn of the event loop (tandem.orchestrator.turns) go to the worker
+as the rows of one batched call (ProposeBatch, VerifyBatch), packed within the worker's message
+limits (its ModelInfo), and each call gets its row's answer or its row's status as the call's
+own. Batches travel on long-lived streams (ProposeBatchStream, VerifyBatchStream), one per
+batch in flight: a message on an open stream costs about 0.7 ms less than a unary call here. A batch that fails or is cancelled half-way
+drops its stream, whose unread answer must not reach the next batch, and fails each of its rows
+with its status (UNAVAILABLE moves each session to another worker on its own)."""
 
 import asyncio
 import time
@@ -19,7 +21,9 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
 from tandem import tracing
+from tandem.math import tree
 from tandem.math.params import SamplingParams
+from tandem.orchestrator.turns import Turn
 from tandem.tls import TLSFiles, channel_credentials
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -37,6 +41,9 @@ _OPTIONS = [
 ]
 
 
+ROW_BYTES = 16  # a row's tag and length in a batched message, with room to spare
+
+
 class Reply(NamedTuple):
     answer: Any  # wire.Proposal / wire.Verification, None on a cache miss
     wall_ms: float
@@ -44,17 +51,9 @@ class Reply(NamedTuple):
     fed: int = 0  # committed tokens the request fed the worker (a draft block not counted)
 
 
-class _SessionStream:
-    """One session's open stream to a worker; the lock keeps its calls one at a time."""
-
-    def __init__(self, call) -> None:
-        self.call = call
-        self.lock = asyncio.Lock()
-
-
 class WorkerClient:
     stub_class = None
-    stream_rpc = ""  # the stub's stream method: "ProposeStream" or "VerifyStream"
+    batch_rpc = ""  # the batched call: "ProposeBatch" or "VerifyBatch"
 
     def __init__(self, address: str, timeout_s: float = 30.0, tls: TLSFiles | None = None,
                  server_name: str | None = None) -> None:
@@ -69,70 +68,115 @@ class WorkerClient:
             options = _OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
             self.channel = grpc.aio.secure_channel(address, channel_credentials(tls), options=options)
         self.stub = self.stub_class(self.channel)
-        self._streams: dict[tuple[str, str], _SessionStream] = {}  # by (session id, writer)
+        self.info: wire.ModelInfo | None = None  # the worker's model and limits, once described
+        self._turn = Turn(self._send_rows)  # this turn's calls, sent as batched calls
+        self._streams: list = []  # open batch streams with no batch in flight
 
     async def describe(self) -> wire.ModelInfo:
         msg = await self.stub.Describe(wire.describe_request(), timeout=self.timeout_s, wait_for_ready=True)
-        return wire.model_info_from_pb(msg)
+        self.info = wire.model_info_from_pb(msg)
+        return self.info
 
     async def load(self) -> wire.WorkerLoad:
         return wire.load_from_pb(await self.stub.Load(wire.load_request(), timeout=self.timeout_s))
 
-    async def release(self, session_id: str, parent: Context | None = None, writer: str = "") -> bool:
-        await self.end_stream((session_id, writer))
+    async def release(self, session_id: str, parent: Context | None = None) -> bool:
         with self._span("Release", parent) as (_, metadata):
             msg = await self.stub.Release(wire.release_request(session_id), timeout=self.timeout_s,
                                           metadata=metadata)
             return msg.released
 
-    async def end_stream(self, key: tuple[str, str]) -> None:
-        """Close a (session, writer)'s stream, after the call in flight on it (if any) is answered."""
-        stream = self._streams.pop(key, None)
-        if stream:
-            async with stream.lock:
-                await stream.call.done_writing()
-
     async def close(self) -> None:
+        for stream in self._streams:
+            stream.cancel()
+        self._streams.clear()
         await self.channel.close()
 
-    async def _call(self, rpc: str, encode, decode, key: tuple[str, str], parent: Context | None,
-                    attributes: dict | None = None) -> Reply:
-        """encode(trace_context) → the request; send it on the session's stream, in a client span."""
+    async def _call(self, rpc: str, encode, decode, parent: Context | None, attributes: dict | None = None) -> Reply:
+        """encode(trace_context) → the request; send it as a row of this turn's batch, in a client span."""
         with self._span(rpc, parent, attributes) as (span, metadata):
             request = encode(dict(metadata))
             start = time.perf_counter()
-            msg = await self._exchange(key, request)
+            msg = await self._row(request)
             reply = Reply(decode(msg), (time.perf_counter() - start) * 1e3, request.ByteSize() + msg.ByteSize(),
                           len(request.tokens))
             span.set_attribute("tandem.wire_bytes", reply.wire_bytes)
             return reply
 
-    async def _exchange(self, key: tuple[str, str], request):
-        """Write the request on the (session, writer)'s stream (opened on first use) and read its answer."""
-        stream = self._streams.get(key)
-        if stream is None:
-            stream = self._streams[key] = _SessionStream(getattr(self.stub, self.stream_rpc)())
-        async with stream.lock:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    await stream.call.write(request)
-                    msg = await stream.call.read()
-            except TimeoutError:
-                self._drop(key, stream)
-                raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
-                                           f"no answer in {self.timeout_s} s") from None
-            except BaseException:  # failed or cancelled half-way: its answer must not reach the next call
-                self._drop(key, stream)
-                raise
-            if msg is grpc.aio.EOF:  # the worker ended the stream without a status
-                self._drop(key, stream)
-                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the stream")
-            return msg
+    async def _row(self, request):
+        """The request's answer, sent as a row of this turn's batched call."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._turn.add(request)
+        except TimeoutError:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
+                                       f"no answer in {self.timeout_s} s") from None
 
-    def _drop(self, key: tuple[str, str], stream: _SessionStream) -> None:
-        if self._streams.get(key) is stream:
-            del self._streams[key]
-        stream.call.cancel()
+    async def _send_rows(self, rows: list) -> list:
+        """A turn's rows in as few batched calls as the worker's limits allow, sent at once → per
+        row its answer or its status, as an AioRpcError of its own."""
+        answers = await asyncio.gather(*map(self._send, self._packed(rows)))
+        return [answer for batch in answers for answer in batch]
+
+    def _packed(self, rows: list) -> list[list]:
+        """The rows in order, cut into batches whose request and largest possible answer fit the
+        worker's limits (a row alone always goes)."""
+        info = self.info
+        if not info or not info.max_request_bytes:
+            return [rows]
+        batches, request_bytes, answer_bytes = [], 0, 0
+        for row in rows:
+            size = row.ByteSize() + ROW_BYTES
+            bound = self.answer_bound(row, info.vocab_size) + ROW_BYTES
+            if not batches or request_bytes + size > info.max_request_bytes - ROW_BYTES \
+                    or answer_bytes + bound > info.max_response_bytes - ROW_BYTES:
+                batches.append([])
+                request_bytes = answer_bytes = 0
+            batches[-1].append(row)
+            request_bytes, answer_bytes = request_bytes + size, answer_bytes + bound
+        return batches
+
+    @staticmethod
+    def answer_bound(request, vocab_size: int) -> int:
+        """At most how many bytes a request's answer takes in a batched response."""
+        raise NotImplementedError
+
+    async def _send(self, batch: list) -> list:
+        """One batched call → per row its answer, or its (or the call's) status as an AioRpcError."""
+        try:
+            msg = await self._exchange(wire.batch_request(self.batch_rpc, batch))
+        except grpc.aio.AioRpcError as e:  # every row fails as its own call would have
+            return [grpc.aio.AioRpcError(e.code(), None, None, e.details()) for _ in batch]
+        return [grpc.aio.AioRpcError(a.code, None, None, a.message) if isinstance(a, wire.Failure) else a
+                for a in wire.batch_answers(msg)]
+
+    async def _exchange(self, request):
+        """Write a batch on a free stream (opened when none is) and read its answer. A free stream
+        may have ended meanwhile (its worker restarted): it is dropped, not written to."""
+        stream = None
+        while self._streams and stream is None:
+            stream = self._streams.pop()
+            stream = None if stream.done() else stream
+        stream = stream or getattr(self.stub, self.batch_rpc + "Stream")()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await stream.write(request)
+                msg = await stream.read()
+        except TimeoutError:
+            stream.cancel()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
+                                       f"no answer in {self.timeout_s} s") from None
+        except asyncio.InvalidStateError:  # the stream ended between the check and the write
+            stream.cancel()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the stream to the worker ended") from None
+        except BaseException:  # failed or cancelled half-way: its answer must not reach the next batch
+            stream.cancel()
+            raise
+        if msg is grpc.aio.EOF:  # the worker ended the stream without a status
+            stream.cancel()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the worker closed the stream")
+        self._streams.append(stream)
+        return msg
 
     @contextmanager
     def _span(self, rpc: str, parent: Context | None, attributes: dict | None = None):
@@ -148,32 +192,47 @@ class WorkerClient:
 
 class DraftClient(WorkerClient):
     stub_class = worker_pb2_grpc.DraftWorkerStub
-    stream_rpc = "ProposeStream"
+    batch_rpc = "ProposeBatch"
+
+    @staticmethod
+    def answer_bound(request, vocab_size: int) -> int:
+        """Per drafted token (a tree's nodes) its id, probability and parent, and when sampling its
+        distribution of up to 4 bytes per vocabulary entry; room for the rest."""
+        drafted = tree.size(tuple(request.tree_widths)) if request.tree_widths else request.gamma
+        greedy = request.sampling.temperature == 0
+        return 256 + drafted * (32 + (0 if greedy else 16 + 4 * vocab_size))
 
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-        parent: Context | None = None, ahead: bool = False, writer: str = "", tree_widths: tuple[int, ...] = (),
+        parent: Context | None = None, ahead: bool = False, epoch: int = 0, tree_widths: tuple[int, ...] = (),
     ) -> Reply:
-        """ahead: a draft past the block under verification (marked on its span); writer: the
-        session's writer, whose stream carries the call; tree_widths: a token tree's (gamma deep)."""
+        """ahead: a draft past the block under verification (marked on its span); epoch: the
+        session's writer epoch (tandem.services.fencing); tree_widths: a token tree's (gamma deep)."""
         def encode(trace_context):
-            return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths)
+            return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths,
+                                        epoch)
 
         attributes = {"tandem.draft_ahead": True} if ahead else None
         if tree_widths:
             attributes = {"tandem.tree_widths": list(tree_widths)}
-        return await self._call("Propose", encode, wire.proposal_from_pb, (session_id, writer), parent, attributes)
+        return await self._call("Propose", encode, wire.proposal_from_pb, parent, attributes)
 
 
 class VerifierClient(WorkerClient):
     stub_class = worker_pb2_grpc.TargetVerifierStub
-    stream_rpc = "VerifyStream"
+    batch_rpc = "VerifyBatch"
+
+    @staticmethod
+    def answer_bound(request, vocab_size: int) -> int:
+        """A few numbers per drafted token (a tree's node) and one more; room for the rest."""
+        return 256 + 32 * (len(request.draft_tokens) + 1)
 
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,
-        params: SamplingParams, parent: Context | None = None, writer: str = "", verification: str = "token",
+        params: SamplingParams, parent: Context | None = None, epoch: int = 0, verification: str = "token",
     ) -> Reply:
         def encode(trace_context):
-            return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context, verification)
+            return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context, verification,
+                                       epoch)
 
-        return await self._call("Verify", encode, wire.verification_from_pb, (session_id, writer), parent)
+        return await self._call("Verify", encode, wire.verification_from_pb, parent)

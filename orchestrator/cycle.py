@@ -22,7 +22,9 @@ which re-prefills from the committed tokens, and the call is made again: exact, 
 calls are idempotent and randomness is keyed by position. With no draft worker available a
 cycle runs at γ = 0 (the target alone); with no verifier, the loop waits up to
 `verifier_wait_s` for one and then raises `NoWorker`. Commits are fenced (`store.Fenced`): a
-writer that another stream has taken over stops.
+writer that another stream has taken over stops. So are its worker calls: each carries the
+session's writer epoch, and a worker that has run a later writer's call refuses it (ABORTED,
+tandem.services.fencing), which stops this writer as a fenced commit would.
 
 A session's draft shape says what its cycles draft: a chain, a token tree γ deep (the session's
 tree widths per depth, then 1), or either, cycle by cycle, as the policy measures them ("auto").
@@ -51,7 +53,7 @@ from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import Reply
 from tandem.orchestrator.policy import CycleCosts, GammaPolicy
 from tandem.orchestrator.pool import WorkerPool
-from tandem.orchestrator.store import SessionStore
+from tandem.orchestrator.store import Fenced, SessionStore
 from tandem.wire.generation import CycleStats, Stats
 from tandem.wire.worker import Proposal
 
@@ -85,6 +87,7 @@ class Session:
     draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto" (the module's docstring)
     tree_widths: tuple[int, ...] = (2, 2)  # a tree's children per node at depths 1, 2, …, then 1
     owner: str = ""  # this writer's id: the store commits only its cycles
+    epoch: int = 1  # this writer's epoch (the store's claims of the session): workers run no older one's calls
     cycle: int = 0
     # By pool ("draft", "target"): the session's worker, and how many committed tokens it is
     # believed to hold (a hint: it may have evicted or lost them).
@@ -274,7 +277,7 @@ class SpeculativeLoop:
             return None
         return asyncio.ensure_future(worker.client.propose(
             s.session_id, len(s.tokens) + gamma - 1, proposal.draft_tokens[-1:], next_gamma + 1, s.params, parent,
-            ahead=True, writer=s.owner))
+            ahead=True, epoch=s.epoch))
 
     async def _settle(self, s: Session, ahead: asyncio.Future, all_accepted: bool,
                       ) -> tuple[Reply | None, Reply | None]:
@@ -315,7 +318,7 @@ class SpeculativeLoop:
         or none drafted the block (the cycle runs at γ = 0)."""
 
         def call(client, cache_len: int, tokens: list[int]):
-            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, writer=s.owner,
+            return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, epoch=s.epoch,
                                   tree_widths=tree_widths)
 
         reply = await self._on_worker(s, self.drafts, call, parent)
@@ -331,7 +334,7 @@ class SpeculativeLoop:
         """Verify the block, waiting up to verifier_wait_s for a verifier when none is available."""
 
         def call(client, cache_len: int, tokens: list[int]):
-            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, writer=s.owner,
+            return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, epoch=s.epoch,
                                  verification=s.verification)
 
         deadline = time.monotonic() + self.verifier_wait_s
@@ -359,6 +362,8 @@ class SpeculativeLoop:
                     reply = _then(reply, await call(worker.client, 0, s.tokens))
                 return reply
             except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.ABORTED:  # a later writer's call ran there first
+                    raise Fenced(s.session_id, "taken over") from None
                 if e.code() not in FAILOVER_CODES:
                     raise
                 pool.failed(worker, e.code().name)

@@ -186,7 +186,7 @@ class GenerationService:
              "max_tokens": resolved.max_tokens, "gamma": resolved.gamma, "verification": resolved.verification,
              "draft_shape": resolved.draft_shape, "tree_widths": list(session.tree_widths)},
             session.prompt_len, session.tokens, policy=session.policy.to_dict(), workers=session.workers,
-            cache_lens=session.cache_lens, owner=session.owner,
+            cache_lens=session.cache_lens, owner=session.owner, epoch=session.epoch,
         ))
         return session
 
@@ -252,6 +252,7 @@ class GenerationService:
             session_id, SamplingParams(p["temperature"], p["top_k"], p["top_p"], p["seed"]), list(record.tokens),
             record.prompt_len, p["max_tokens"], GammaPolicy.from_dict(record.policy) if record.policy
             else self._policy_template.with_fresh_acceptance(), fixed_gamma=p["gamma"], owner=owner,
+            epoch=record.epoch,
             verification=p.get("verification", "token"),  # a record written before block verification
             draft_shape=p.get("draft_shape", "chain"), tree_widths=tuple(p.get("tree_widths", ())),  # before trees
             cycle=record.cycle, workers={"draft": None, "target": None} | record.workers,
@@ -298,20 +299,18 @@ class GenerationService:
     async def _end(self, session: Session, ended: str, parent) -> None:
         """Record how an unfinished session ended (it stays resumable) and free its caches now
         rather than waiting for LRU eviction: they are soft state. A session another stream took
-        over keeps both; this writer only closes its streams."""
+        over keeps both."""
         pools = {"draft": self.drafts, "target": self.targets}
         clients = [pools[kind].workers[address].client for kind, address in session.used
                    if address in pools[kind].workers]
         if ended == "taken over":
-            await asyncio.gather(*(c.end_stream((session.session_id, session.owner)) for c in clients),
-                                 return_exceptions=True)
             return
         if ended in ("abandoned", "unavailable"):  # resumable; the record says why it stopped
             try:
                 await self.store.finish(session.session_id, session.owner, ended)
             except StoreUnavailable:
                 pass
-        calls = [c.release(session.session_id, parent, session.owner) for c in clients]
+        calls = [c.release(session.session_id, parent) for c in clients]
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, Exception):
                 log.warning("release of %s failed: %s", session.session_id, r)

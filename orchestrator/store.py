@@ -97,13 +97,14 @@ return 1
 """
 
 # KEYS: meta, tokens, cycles. ARGV: the new owner. Takes an unfinished session over (the
-# writer before is fenced from its next commit on) and returns it: {meta pairs, tokens,
-# cycles}, or nil when there is no such session.
+# writer before is fenced from its next commit on, and its worker calls by the epoch this
+# bumps) and returns it: {meta pairs, tokens, cycles}, or nil when there is no such session.
 _CLAIM = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'stop' and status ~= 'length' then
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'status', 'running')
+  redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 end
 return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or '', redis.call('GET', KEYS[3]) or ''}
 """
@@ -167,6 +168,7 @@ class SessionRecord:
     cache_lens: dict = field(default_factory=dict)  # {"draft": n, "target": n}: soft hints
     status: str = "running"  # running, abandoned, unavailable (all resumable); stop, length
     owner: str = ""  # the writer allowed to commit
+    epoch: int = 1  # its writer epoch: 1 for the writer that created it, one more per claim
     created_s: float = 0.0  # wall clock (epoch seconds) when the session began
     ttft_s: float = 0.0
     per_cycle: list[CycleStats] = field(default_factory=list)
@@ -190,6 +192,7 @@ def _record(session_id: str, meta: dict, packed_tokens: bytes, packed_cycles: by
         tokens=np.frombuffer(packed_tokens, dtype="<i4").tolist(), cycle=int(meta["cycle"]),
         policy=json.loads(meta["policy"]), workers=json.loads(meta["workers"]),
         cache_lens=json.loads(meta["cache_lens"]), status=meta["status"], owner=meta.get("owner", ""),
+        epoch=int(meta.get("epoch", 0)),
         created_s=float(meta.get("created_s", 0)), ttft_s=float(meta.get("ttft_s", 0)),
         per_cycle=unpack_cycles(packed_cycles),
     )
@@ -234,7 +237,7 @@ class SessionStore:
     async def create(self, record: SessionRecord) -> None:
         meta = _encode({"params": record.params, "prompt_len": record.prompt_len, "cycle": record.cycle,
                         "policy": record.policy, "workers": record.workers, "cache_lens": record.cache_lens,
-                        "status": record.status, "owner": record.owner, "created_s": record.created_s or time.time(),
+                        "status": record.status, "owner": record.owner, "epoch": record.epoch, "created_s": record.created_s or time.time(),
                         "ttft_s": record.ttft_s})
         meta_key, tokens_key, cycles_key = _keys(record.session_id)
 

@@ -1,9 +1,9 @@
 """Calls made in one turn of the event loop, sent together.
 
-Sessions resume together: when a worker's pass ends, every session in it runs its
-accept/reject and makes its Redis commit in the same turn of the loop. A `Turn` collects what is
-added to it during a turn and hands it to `send` at once: the session store's commits in one
-Redis round trip. It flushes two hops of the loop after the first addition, so that
+Sessions resume together: after a batched answer, every session in it runs its accept/reject
+and makes its next worker call and its Redis commit in the same turn of the loop. A `Turn`
+collects what is added to it during a turn and hands it to `send` at once: one batched call per
+worker, one Redis round trip. It flushes two hops of the loop after the first addition, so that
 a call made from a task that this turn has just started joins too. Each caller gets its own
 item's result or exception; a caller that gave up is left out of the flush.
 """

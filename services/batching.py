@@ -8,10 +8,11 @@ step, drafting γ tokens is γ steps. Each round, the model thread takes the job
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
 long), runs all their steps in one pass (`ModelRuntime.extend_batch`), answers all their asks
 together (`sampler.answer`: one warp, one argmax, one draw per kind for the whole round), and
-hands each job its answer. The `KeepPath`s the jobs then yield (after a token tree's step) are
-applied together, before any other pass. A job with more steps waits for the next round; a job
-that arrived meanwhile joins it. Nothing waits for a batch to fill: an idle thread runs a lone
-job at once.
+hands each job its answer. A step whose session a later writer has stepped meanwhile is not
+run: its job ends with `Superseded` (tandem.services.fencing). The `KeepPath`s the jobs then
+yield (after a token tree's step) are applied together, before any other pass. A job with more
+steps waits for the next round; a job that arrived meanwhile joins it. Nothing waits for a
+batch to fill: an idle thread runs a lone job at once.
 
 Each job's answer says what its work cost (Batching.cost_ms): the passes it took part in, whole,
 in the device's scarce time: CPU time on a CPU, which the machine's other processes share (a
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from tandem.services import metrics, sampler
+from tandem.services.fencing import Superseded, WriterEpochs
 from tandem.services.runtime import KeepPath, ModelRuntime, Step
 from tandem.wire.worker import Batching
 
@@ -53,6 +55,7 @@ class _Running:
     job: Job
     future: concurrent.futures.Future
     submitted: float  # time.perf_counter() at submit
+    epoch: int = 0  # its session's writer epoch (0: not fenced)
     step: Step | None = None
     compute_ms: float = 0.0  # the passes it took part in, and its own work between them
     cost_ms: float = 0.0  # the same work in the device's time (the module's docstring)
@@ -74,6 +77,7 @@ class Batcher:
         shared = device is not None and on_cpu and torch.get_num_threads() > 1
         self._cpu = time.process_time if shared else time.thread_time
         self._cost_is_wall = not on_cpu
+        self.writers = WriterEpochs()
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
@@ -84,13 +88,15 @@ class Batcher:
         and of its own work between them, and its batching those passes."""
         return self.submit_all([job])[0]
 
-    def submit_all(self, jobs: list[Job | Callable[[], Any]]) -> list[concurrent.futures.Future]:
+    def submit_all(self, jobs: list[Job | Callable[[], Any]],
+                   epochs: list[int] | None = None) -> list[concurrent.futures.Future]:
         """Queue jobs at once → their futures: the model thread admits them together, so that they
-        share its passes from their first step (a batched call's rows)."""
+        share its passes from their first step (a batched call's rows). epochs: each job's
+        writer epoch (tandem.services.fencing; none: not fenced)."""
         now = time.perf_counter()
-        queued = [(job, concurrent.futures.Future(), now) for job in jobs]
+        queued = [(job, concurrent.futures.Future(), now, epoch) for job, epoch in zip(jobs, epochs or [0] * len(jobs))]
         self._incoming.put(queued)
-        return [future for _, future, _ in queued]
+        return [future for _, future, _, _ in queued]
 
     # --- the model thread ------------------------------------------------------------------
 
@@ -112,14 +118,14 @@ class Batcher:
             except queue.Empty:
                 return
             block = False
-            for job, future, submitted in queued:
+            for job, future, submitted, epoch in queued:
                 if future.set_running_or_notify_cancel():
-                    self._start_job(waiting, job, future, submitted)
+                    self._start_job(waiting, _Running(job, future, submitted, epoch=epoch))
 
-    def _start_job(self, waiting: list[_Running], job, future: concurrent.futures.Future, submitted: float) -> None:
+    def _start_job(self, waiting: list[_Running], running: _Running) -> None:
         """A job to its first step (then it waits for a round), or a plain function run now."""
+        job, future = running.job, running.future
         if inspect.isgenerator(job):
-            running = _Running(job, future, submitted)
             if self._advance(running, None):
                 waiting.append(running)
             return
@@ -129,7 +135,12 @@ class Batcher:
             future.set_exception(e)
 
     def _round(self, waiting: list[_Running]) -> None:
-        batch = self._pick(waiting)
+        picked = self._pick(waiting)
+        batch = self._fenced(picked)
+        if len(batch) < len(picked):
+            waiting[:] = [r for r in waiting if not r.future.done()]
+        if not batch:
+            return
         tokens = sum(len(r.step.tokens) for r in batch)
         start = self._start()
         steps = [r.step for r in batch]
@@ -162,9 +173,23 @@ class Batcher:
                 results[i] = answer
         return results
 
+    def _fenced(self, jobs: list[_Running]) -> list[_Running]:
+        """The jobs whose writer still writes their session, their steps admitted now, just
+        before they run; each of the others ends with Superseded (its future done)."""
+        admitted = []
+        for running in jobs:
+            try:
+                self.writers.admit(running.step.session_id, running.epoch)
+                admitted.append(running)
+            except Superseded as e:
+                running.job.close()
+                running.future.set_exception(e)
+        return admitted
+
     def _keep_paths(self, advanced: list[_Running]) -> list[_Running]:
         """Apply the KeepPaths the jobs yielded, all at once, and advance those jobs → the jobs
-        with a step to run."""
+        with a step to run. (No other pass runs between a step and its KeepPath: the step's
+        admission covers both.)"""
         ready = [r for r in advanced if not isinstance(r.step, KeepPath)]
         keeping = [r for r in advanced if isinstance(r.step, KeepPath)]
         while keeping:

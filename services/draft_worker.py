@@ -9,7 +9,7 @@ from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import Step
 from tandem.services.sampler import Branch, Draw
-from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
+from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 from tandem.wire.validation import check_context, invalid
@@ -99,7 +99,7 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
     service = "tandem.v1.DraftWorker"
     register = staticmethod(worker_pb2_grpc.add_DraftWorkerServicer_to_server)
 
-    def prepare(self, request) -> tuple[Job, bool]:
+    def prepare(self, request) -> Work:
         self.check_sequence(request.session_id, request.cache_len, request.tokens)
         if not 1 <= request.gamma <= MAX_GAMMA:
             raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
@@ -108,10 +108,10 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         check_context("gamma", end, self.runtime.info.max_context)
         params = self.check_sampling(request.sampling)
         job, probs = self.draft(request, params)
-        return job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS
+        return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch)
 
     async def Propose(self, request, context):
-        return await self.answer(context, "Propose", request, lambda: self.compute(*self.prepare(request)),
+        return await self.answer(context, "Propose", request, lambda: self.compute(self.prepare(request)),
                                  wire.propose_response)
 
     async def ProposeBatch(self, request, context):

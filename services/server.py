@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 from dataclasses import replace
+from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -116,6 +117,16 @@ def _describe(request) -> dict:
     return attributes
 
 
+class Work(NamedTuple):
+    """A checked request's job (tandem.services.batching), whether it is large (it allocates much:
+    a long prefill, vocabulary-sized distributions, so the heap it freed is returned to the
+    system afterwards, trim_soon), and its writer epoch (tandem.services.fencing)."""
+
+    job: Job
+    large: bool = False
+    epoch: int = 0
+
+
 class WorkerServicer:
     """Base of the draft and verify servicers: decode, validate, compute on the model thread."""
 
@@ -155,30 +166,28 @@ class WorkerServicer:
         check_sampling(params.temperature, params.top_k, params.top_p, prefix="sampling.")
         return params
 
-    def prepare(self, request) -> tuple[Job, bool]:
-        """A request's job (tandem.services.batching), checked, and whether it is large: it
-        allocates much (a long prefill, vocabulary-sized distributions), so the heap it freed is
-        returned to the system afterwards (trim_soon). FieldError names a bad field."""
+    def prepare(self, request) -> Work:
+        """A request's work, checked. FieldError names a bad field."""
         raise NotImplementedError
 
-    async def compute(self, job: Job, large: bool = False):
+    async def compute(self, work: Work):
         """Run a job on the model thread, batched with other sessions' → its answer with
         compute_ms set, or None on a cache miss."""
-        (result,) = await self.compute_all([(job, large)])
+        (result,) = await self.compute_all([work])
         if isinstance(result, BaseException):
             raise result
         return result
 
-    async def compute_all(self, work: list[tuple[Job, bool]]) -> list:
-        """Run (job, large) pairs on the model thread, submitted together so that they share its
-        passes from their first step → per job its answer, None on a cache miss, or what it raised."""
+    async def compute_all(self, work: list[Work]) -> list:
+        """Run jobs on the model thread, submitted together so that they share its passes from
+        their first step → per job its answer, None on a cache miss, or what it raised."""
         self.queued += len(work)
         try:
-            futures = self.batcher.submit_all([job for job, _ in work])
+            futures = self.batcher.submit_all([w.job for w in work], [w.epoch for w in work])
             results = await asyncio.gather(*map(asyncio.wrap_future, futures), return_exceptions=True)
         finally:
             self.queued -= len(work)
-            if any(large for _, large in work):
+            if any(w.large for w in work):
                 self.trim_soon()
         return [None if isinstance(r, CacheMiss) else r for r in results]
 

@@ -10,7 +10,7 @@ from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import KeepPath, Step
 from tandem.services.sampler import Check, CheckTree
-from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, WorkerServicer
+from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 from tandem.wire.generation import verification_mode_from_pb
@@ -66,7 +66,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
     service = "tandem.v1.TargetVerifier"
     register = staticmethod(worker_pb2_grpc.add_TargetVerifierServicer_to_server)
 
-    def prepare(self, request) -> tuple[Job, bool]:
+    def prepare(self, request) -> Work:
         self.check_sequence(request.session_id, request.cache_len, request.tokens)
         info = self.runtime.info
         if len(request.draft_tokens) > MAX_GAMMA:
@@ -95,10 +95,10 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             def make(draft_probs):
                 return verify(*args, list(request.draft_tokens), draft_probs, params, verification)
         job = _decoding(make, request.draft_distributions, info.vocab_size)
-        return job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS
+        return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch)
 
     async def Verify(self, request, context):
-        return await self.answer(context, "Verify", request, lambda: self.compute(*self.prepare(request)),
+        return await self.answer(context, "Verify", request, lambda: self.compute(self.prepare(request)),
                                  wire.verify_response)
 
     async def VerifyBatch(self, request, context):

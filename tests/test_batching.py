@@ -15,6 +15,7 @@ from tandem.math.tree import Tree
 from tandem.services import sampler
 from tandem.services.batching import Batcher
 from tandem.services.draft_worker import propose, propose_tree
+from tandem.services.fencing import Superseded, WriterEpochs
 from tandem.services.runtime import CacheMiss, KeepPath, ModelRuntime, Step
 from tandem.services.target_verifier import verify, verify_tree
 
@@ -154,6 +155,45 @@ def test_a_miss_or_an_error_fails_only_its_own_job(model_dir):
     with pytest.raises(ValueError, match="a bug"):
         futures["broken"].result(TIMEOUT_S)
     assert len(futures["ok"].result(TIMEOUT_S).draft_tokens) == 3
+
+
+def test_a_taken_over_writers_late_steps_leave_the_new_writers_cache_alone(model_dir):
+    """A resume takes session "s" over (epoch 1 → 2) while the first writer's 16-token draft is
+    mid-way, and the first writer's next call arrives after the new writer's: neither stale job
+    steps the cache once the new writer has, so the cache holds what epoch 2 put there. An
+    unfenced call (epoch 0) of another session is untouched."""
+    runtime = ModelRuntime(model_dir)
+    batcher = Batcher(runtime)
+    committed = prompt(9, 60)
+    stale = batcher.submit_all([propose("s", 0, committed, 16, GREEDY)], [1])[0]
+    deadline = time.monotonic() + TIMEOUT_S
+    while runtime.held("s") < len(committed) and time.monotonic() < deadline:
+        time.sleep(0.001)  # until the stale draft has started
+    fresh = batcher.submit_all([propose("s", 0, committed, 3, GREEDY)], [2])[0]
+    late = batcher.submit_all([verify("s", 0, committed, prompt(4, 61), None, GREEDY)], [1])[0]
+    other = batcher.submit(propose("other", 0, committed, 3, GREEDY))
+    assert fresh.result(TIMEOUT_S).draft_tokens == other.result(TIMEOUT_S).draft_tokens
+    for future in (stale, late):
+        with pytest.raises(Superseded, match="epoch 2") as refused:
+            future.result(TIMEOUT_S)
+        assert refused.value.field == "writer_epoch"
+    # The fresh draft's cache: the committed tokens and its first two drafted tokens.
+    assert runtime.held("s") == len(committed) + 2
+    torch.testing.assert_close(_cache(runtime, "s"), _cache(runtime, "other"))
+
+
+def test_writer_epochs_admit_the_latest_writer_and_forget_the_least_recent_sessions():
+    epochs = WriterEpochs(max_sessions=2)
+    epochs.admit("a", 3)
+    epochs.admit("a", 3)  # the same writer again
+    epochs.admit("a", 0)  # not fenced
+    with pytest.raises(Superseded, match="epoch 3"):
+        epochs.admit("a", 2)
+    epochs.admit("b", 1)
+    epochs.admit("c", 5)  # past the bound: "a", the least recent, is forgotten
+    epochs.admit("a", 1)
+    with pytest.raises(Superseded):
+        epochs.admit("c", 4)
 
 
 def test_the_token_budget_splits_rounds_and_the_oldest_always_runs(model_dir):

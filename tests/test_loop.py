@@ -132,9 +132,9 @@ def test_no_verifier_left_waits_the_bound_then_the_session_stays_resumable(worke
     assert record.status == "running" and record.generated == [] and record.cycle == 0
 
 
-def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(workers, redis_url, pair, target_model):
-    """A resume can take a session over on the very replica still writing it. The two writers
-    must not share a worker stream: the first one's cleanup would close the second's. The
+def test_two_writers_of_one_session_on_one_replica_do_not_disturb_each_other(workers, redis_url, pair, target_model):
+    """A resume can take a session over on the very replica still writing it. The first
+    writer's cleanup must not end the second's calls (their rows may share a batched call). The
     first is fenced at its next commit; the second writes the session to its end."""
     from tandem.orchestrator.cycle import Session
     from tandem.orchestrator.policy import GammaPolicy
@@ -150,8 +150,8 @@ def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(worker
             head = (await anext(cycles)).tokens  # the first writer is mid-generation, its streams open
             record = await loop.store.claim("two-writers", "second-writer")
             second = Session("two-writers", first.params, record.tokens, record.prompt_len, 40, GammaPolicy(),
-                             fixed_gamma=2, owner="second-writer", cycle=record.cycle, workers=dict(record.workers),
-                             cache_lens=dict(record.cache_lens), used=set(first.used))
+                             fixed_gamma=2, owner="second-writer", epoch=record.epoch, cycle=record.cycle,
+                             workers=dict(record.workers), cache_lens=dict(record.cache_lens), used=set(first.used))
             rest = asyncio.create_task(generate(loop, second))
             await release(loop, first)  # the first writer's cleanup, while the second writes
             rest = await rest
@@ -162,6 +162,39 @@ def test_two_writers_of_one_session_on_one_replica_keep_their_own_streams(worker
 
     head, rest, reason = asyncio.run(run())
     assert head + rest == expected and reason == "taken over"
+
+
+def test_a_writer_whose_calls_come_after_a_later_writers_stops_at_its_call(workers, redis_url, pair, target_model):
+    """The first writer is taken over before its first cycle and calls the workers after the
+    second writer has: the workers refuse its calls (writer epochs), so it stops as a fenced
+    commit would stop it ("taken over"), before touching the caches; the second writer's
+    generation stays the target's own."""
+    from tandem.orchestrator.cycle import Session
+    from tandem.orchestrator.policy import GammaPolicy
+    from tandem.orchestrator.store import Fenced
+
+    prompt = pair["prompts"][1]
+    expected = hf_greedy(target_model, prompt, 30)
+
+    async def run():
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            first = await open_session(loop, "late-writer", prompt, SamplingParams(temperature=0.0), 30, 2)
+            record = await loop.store.claim("late-writer", "second-writer")
+            second = Session("late-writer", first.params, record.tokens, record.prompt_len, 30, GammaPolicy(),
+                             fixed_gamma=2, owner="second-writer", epoch=record.epoch)
+            cycles = loop.run(second)
+            head = (await anext(cycles)).tokens  # the second writer's calls reach the workers first
+            with pytest.raises(Fenced) as fenced:
+                await generate(loop, first)
+            rest = [t async for cycle in cycles for t in cycle.tokens]
+            second.used |= first.used
+            await release(loop, second)
+            stored = await loop.store.load("late-writer")
+            return head + rest, fenced.value.reason, (record.epoch, first.epoch), stored
+
+    generated, reason, epochs, stored = asyncio.run(run())
+    assert reason == "taken over" and epochs == (2, 1)
+    assert generated == expected == stored.generated
 
 
 def test_an_adaptive_session_gets_its_first_token_from_the_target_alone(workers, redis_url, pair, target_model):

@@ -48,7 +48,7 @@ def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redi
     assert record.cache_lens == {"draft": 4, "target": 5} and record.params == {"seed": 7}
     assert record.workers == {"draft": "d:1", "target": "t:2"} and record.ttft_s == 0.25
     assert record.per_cycle == [_cycle(1), _cycle(2)]
-    assert record.created_s > 0 and record.owner == "writer-a"
+    assert record.created_s > 0 and record.owner == "writer-a" and record.epoch == 1
     assert all(100 < ttl <= 120 for ttl in ttls)
     assert missing is None
 
@@ -63,6 +63,8 @@ def test_a_commit_is_fenced_by_owner_and_cycle_and_a_retry_is_idempotent(redis_u
             with pytest.raises(Fenced):
                 await store.commit("fence-test", "writer-a", 3, [9], _cycle(3), _state())  # a cycle skipped
             taken = await store.claim("fence-test", "writer-b")  # a resume elsewhere takes it over
+            again = await store.claim("fence-test", "writer-c")  # and another
+            await store.claim("fence-test", "writer-b")
             with pytest.raises(Fenced) as info:
                 await store.commit("fence-test", "writer-a", 2, [9], _cycle(2), _state())  # the stale writer stops
             assert info.value.reason == "taken over"
@@ -71,12 +73,13 @@ def test_a_commit_is_fenced_by_owner_and_cycle_and_a_retry_is_idempotent(redis_u
             assert await store.finish("fence-test", "writer-b", "abandoned")
             with pytest.raises(Fenced, match="expired"):
                 await store.commit("no-such-session", "writer-a", 1, [1], _cycle(1), _state())
-            return taken, await store.load("fence-test"), await store.claim("no-such-session", "x")
+            return taken, again, await store.load("fence-test"), await store.claim("no-such-session", "x")
         finally:
             await store.close()
 
-    taken, record, missing = asyncio.run(run())
+    taken, again, record, missing = asyncio.run(run())
     assert taken.tokens == [5, 6, 7, 8] and taken.owner == "writer-b" and taken.cycle == 1
+    assert (taken.epoch, again.epoch, record.epoch) == (2, 3, 4)  # each claim a later writer epoch
     assert record.tokens == [5, 6, 7, 8, 10] and record.cycle == 2 and len(record.per_cycle) == 2
     assert record.status == "abandoned"
     assert missing is None

@@ -7,6 +7,7 @@ test plugin is needed. Token comparisons are exact; probabilities get a small to
 """
 
 import asyncio
+import dataclasses
 import math
 import threading
 import time
@@ -537,9 +538,111 @@ def test_a_batched_propose_over_its_stream_answers_in_order(draft_stub, hf_draft
         assert [p.draft_tokens for p in proposals] == [hf_greedy(hf_draft, t, g) for t, g in zip(rows, gammas)]
 
 
+def test_a_call_from_a_taken_over_writer_is_refused_after_the_new_writers(target_stub, hf_target):
+    """Rows run in order: the first writer (epoch 1) verifies, a resume's writer (epoch 2) verifies
+    after it, and the first writer's late row is refused with ABORTED naming writer_epoch; the
+    session's cache stays the new writer's (its next call continues it exactly)."""
+    tokens = prompt(8, seed=90)
+
+    def row(epoch, draft, cache_len=0, fed=tokens):
+        return wire.verify_request("epochs", cache_len, fed, block(draft), GREEDY, writer_epoch=epoch)
+
+    request = wire.batch_request("VerifyBatch", [row(1, [5, 6]), row(2, [7, 8]), row(1, [9, 10, 11])])
+    answers = wire.batch_answers(target_stub.VerifyBatch(request, timeout=TIMEOUT_S))
+    assert wire.verification_from_pb(answers[0]) and wire.verification_from_pb(answers[1])
+    late = answers[2]
+    assert isinstance(late, wire.Failure) and late.code == grpc.StatusCode.ABORTED
+    assert "writer_epoch" in late.message and "epoch 2" in late.message
+    # The new writer's next call, fed past its block's first token: what the target gives that sequence.
+    sequence = tokens + [7]
+    nxt = wire.verification_from_pb(target_stub.Verify(row(2, [], len(tokens) + 1, [8]), timeout=TIMEOUT_S))
+    assert nxt.bonus_token == int(hf_logits(hf_target, sequence + [8])[-1].argmax())
+    with pytest.raises(grpc.RpcError) as refused:  # a unary call of the old writer: refused the same way
+        target_stub.Verify(row(1, []), timeout=TIMEOUT_S)
+    assert_status(refused, grpc.StatusCode.ABORTED, "writer_epoch")
+    target_stub.Release(wire.release_request("epochs"), timeout=TIMEOUT_S)
+
+
 def test_describe_states_the_workers_message_limits(draft_stub):
     info = wire.model_info_from_pb(draft_stub.Describe(wire.describe_request(), timeout=TIMEOUT_S))
     assert info.max_request_bytes > 0 and info.max_response_bytes > 0
+
+
+def test_calls_made_in_one_turn_go_as_one_batch_each_answered_alone(servers, hf_draft):
+    """Concurrent Propose calls reach the worker as the rows of one batched call; a bad row fails
+    its own call only; rows cut into batches within the worker's limits get the same answers."""
+    rows = [prompt(4 + i, seed=60 + i) for i in range(6)]
+
+    async def main(limit_rows: int | None):
+        draft = DraftClient(servers["draft"], timeout_s=TIMEOUT_S)
+        batches = []
+        exchange = draft._exchange
+
+        async def counting(request):
+            batches.append(len(request.rows))
+            return await exchange(request)
+
+        draft._exchange = counting
+        try:
+            info = await draft.describe()
+            if limit_rows:  # room for about limit_rows answers of γ = 2 per batch
+                one = DraftClient.answer_bound(wire.propose_request("x", 0, [1], 2, GREEDY), info.vocab_size)
+                draft.info = dataclasses.replace(info, max_response_bytes=limit_rows * (one + 16) + 20)
+            calls = [draft.propose(f"turn-{limit_rows}-{i}", 0, t, 2, GREEDY) for i, t in enumerate(rows)]
+            calls.insert(3, draft.propose("turn-bad", 0, [VOCAB + 1], 2, GREEDY))
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            for i in range(len(rows)):
+                await draft.release(f"turn-{limit_rows}-{i}")
+            return batches, results
+        finally:
+            await draft.close()
+
+    for limit_rows, expected in ((None, [7]), (2, [2, 2, 2, 1])):
+        batches, results = asyncio.run(main(limit_rows))
+        assert batches == expected
+        bad = results.pop(3)
+        assert isinstance(bad, grpc.aio.AioRpcError) and bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert [r.answer.draft_tokens for r in results] == [hf_greedy(hf_draft, t, 2) for t in rows]
+
+
+def test_a_restarted_worker_gets_new_batch_streams_not_the_ended_ones(draft_dir):
+    """A batch stream left open to a worker that then restarts has ended: the next call must not
+    write to it (that raises no gRPC status), but answer, or fail with a status that moves the
+    session to another worker."""
+    runtime = ModelRuntime(draft_dir)
+    loop = _BackgroundLoop()
+    try:
+        server, port = loop.run(start_server(draft_worker.add_to_server, runtime, "127.0.0.1", 0))
+
+        async def call(draft):
+            try:
+                return (await draft.propose("restart", 0, prompt(5, seed=70), 2, GREEDY)).answer.draft_tokens
+            except grpc.aio.AioRpcError as e:
+                return e.code()
+
+        async def main():
+            draft = DraftClient(f"127.0.0.1:{port}", timeout_s=TIMEOUT_S)
+            try:
+                await draft.describe()
+                first = await call(draft)
+                loop.run(server.stop(None))
+                servers.append(loop.run(start_server(draft_worker.add_to_server, runtime, "127.0.0.1", port))[0])
+                after = []
+                while not after or (after[-1] != first and len(after) < 50):  # until the channel reconnects
+                    after.append(await call(draft))
+                    await asyncio.sleep(0.05)
+                return first, after
+            finally:
+                await draft.close()
+
+        servers = []
+        first, after = asyncio.run(main())
+        assert isinstance(first, list) and len(first) == 2
+        assert all(a == grpc.StatusCode.UNAVAILABLE for a in after[:-1]) and after[-1] == first, after
+    finally:
+        for server in servers:
+            loop.run(server.stop(None))
+        loop.close()
 
 
 # --- the runtime's LRU eviction (no server) -------------------------------------------------

@@ -90,10 +90,11 @@ def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
 
 
 def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None,
-                    tree_widths=()) -> worker_pb2.ProposeRequest:
+                    tree_widths=(), writer_epoch: int = 0) -> worker_pb2.ProposeRequest:
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
         sampling=sampling_to_pb(params), trace_context=trace_context, tree_widths=tree_widths,
+        writer_epoch=writer_epoch,
     )
 
 
@@ -121,6 +122,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
 
 def verify_request(
     session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None, verification: str = "token",
+    writer_epoch: int = 0,
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
@@ -129,6 +131,7 @@ def verify_request(
         sampling=sampling_to_pb(params), trace_context=trace_context,
         verification=verification_mode_to_pb(verification),
         draft_parents=proposal.parents if proposal else [],
+        writer_epoch=writer_epoch,
     )
 
 
