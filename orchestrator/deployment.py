@@ -81,8 +81,9 @@ class GenerationService:
             except OSError as e:  # e.g. a second replica on this node: serve requests all the same
                 log.error("Prometheus metrics not served on port %d: %s", config.metrics_port, e)
         self._ready: asyncio.Task | None = None
-        # Costs measured by the last session seed the next one's policy.
-        self._policy_template = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
+        # The policy's settings and the replica's costs (tandem.orchestrator.policy): every
+        # session's policy shares these costs and has its own acceptance.
+        self._policy = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
 
     async def _connect(self) -> None:
         await asyncio.gather(self.drafts.start(), self.targets.start())  # once: a retried connect skips it
@@ -194,7 +195,7 @@ class GenerationService:
         return Session(
             session_id=uuid.uuid4().hex, params=r.params, tokens=list(r.prompt_token_ids),
             prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens,
-            policy=self._policy_template.with_fresh_acceptance(), fixed_gamma=r.gamma, owner=_writer(),
+            policy=self._policy.for_session(), fixed_gamma=r.gamma, owner=_writer(),
             verification=r.verification, draft_shape=r.draft_shape, tree_widths=self.config.tree_widths,
         )
 
@@ -250,9 +251,8 @@ class GenerationService:
         finished = record.status in FINISHED
         session = Session(
             session_id, SamplingParams(p["temperature"], p["top_k"], p["top_p"], p["seed"]), list(record.tokens),
-            record.prompt_len, p["max_tokens"], GammaPolicy.from_dict(record.policy) if record.policy
-            else self._policy_template.with_fresh_acceptance(), fixed_gamma=p["gamma"], owner=owner,
-            epoch=record.epoch,
+            record.prompt_len, p["max_tokens"], self._policy.for_session(record.policy), fixed_gamma=p["gamma"],
+            owner=owner, epoch=record.epoch,
             verification=p.get("verification", "token"),  # a record written before block verification
             draft_shape=p.get("draft_shape", "chain"), tree_widths=tuple(p.get("tree_widths", ())),  # before trees
             cycle=record.cycle, workers={"draft": None, "target": None} | record.workers,
@@ -290,8 +290,6 @@ class GenerationService:
             _refuse(grpc_context, span, e)
             raise
         finally:
-            if session.policy.verify_pass.n:
-                self._policy_template = session.policy
             await self._end(session, ended, here)
             _conclude(span, session)
             span.end()

@@ -1,4 +1,5 @@
-"""The adaptive γ policy: a pure, serializable object (its state lives in Redis).
+"""The adaptive γ policy: what the work costs, measured once per replica (`PoolCosts`), and each
+session's acceptance (`GammaPolicy`, whose state lives in Redis).
 
 It picks γ in [0, γ_max] to maximize expected tokens per millisecond of the cluster's time,
 
@@ -44,13 +45,18 @@ is E / its wall time, and γ rightly climbs to amortize it. It is charged like a
 intercept, shared by the sessions of a verify pass: whole alone (the session's own speed), a
 small part when many sessions keep the cluster busy through it (its work: throughput).
 
+Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries.
+So a replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's
+choice, and a session stores only what is its own (its acceptance, its shapes' rates): a few
+numbers, not the fits. A new or resumed session chooses from what the replica has measured.
+
 Worker costs are learned from steady cycles only. A call that feeds a worker more committed
 tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
 draft catching up on the tokens of γ = 0 cycles) costs what no steady cycle will; charged per
 drafted token, a probe's catch-up made drafting look dear and kept sessions at γ = 0.
 """
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, replace
 
 from tandem.math.acceptance import verified_tokens
 from tandem.math.analytic import expected_tokens
@@ -60,8 +66,8 @@ from tandem.wire.worker import Batching
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
 STEADY_DRAFT_FED = 2
 STEADY_VERIFY_FED = 1
-# What a new session forgets of a policy: the acceptance of another's text, and the shapes' rates
-# (tokens per ms) that came of it.
+# What is a session's own (stored with it, forgotten by a new one): its acceptance, and its shapes'
+# rates (tokens per ms) that came of it.
 ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "chain_tokens": 0.0, "chain_ms": 0.0,
               "tree_tokens": 0.0, "tree_ms": 0.0, "last_tree": False, "shape_streak": 0}
 
@@ -113,16 +119,10 @@ class LinearFit:
 
 
 @dataclass
-class GammaPolicy:
-    max_gamma: int = 8
-    initial_gamma: int = 4  # used until both workers have been measured
-    prior_alpha: float = 0.6
-    prior_weight: float = 2.0  # pseudo-observations behind prior_alpha
-    decay: float = 0.9  # per cycle: older evidence fades so the policy follows the text
-    probe_every: int = 8
-    # Decayed acceptance evidence.
-    accepted: float = 0.0
-    verified: float = 0.0
+class PoolCosts:
+    """What a cycle's work costs the cluster, from the cycles of every session of a replica."""
+
+    decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
     # Exponentially weighted estimates; negative means not measured yet.
     draft_call_ms: float = -1.0
     verify_call_ms: float = -1.0
@@ -134,28 +134,19 @@ class GammaPolicy:
     # Each worker's cost of one pass against the tokens it ran (every session's).
     draft_pass: LinearFit = field(default_factory=LinearFit)
     verify_pass: LinearFit = field(default_factory=LinearFit)
-    zero_streak: int = 0
-    # Per draft shape, the decayed output tokens and cost of its drafting cycles; the shape of the
-    # latest ones and how many ran in a row.
-    chain_tokens: float = 0.0
-    chain_ms: float = 0.0
-    tree_tokens: float = 0.0
-    tree_ms: float = 0.0
-    last_tree: bool = False
-    shape_streak: int = 0
 
     @property
-    def alpha(self) -> float:
-        a = (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
-        return min(a, 0.999)
+    def measured(self) -> bool:
+        """Whether both pools' passes have been measured."""
+        return self.draft_pass.n > 0 and self.verify_pass.n > 0
 
     def draft_ms_per_token(self) -> float:
-        """This session's share of one draft step."""
+        """A session's share of one draft step."""
         intercept, slope = self.draft_pass.line()
         return intercept / max(self.draft_sessions, 1.0) + slope
 
     def verify_ms(self, gamma: int) -> float:
-        """This session's share of the verify pass of a γ-token block."""
+        """A session's share of the verify pass of a γ-token block."""
         intercept, slope = self.verify_pass.line()
         return intercept / max(self.verify_sessions, 1.0) + slope * (gamma + 1)
 
@@ -166,13 +157,64 @@ class GammaPolicy:
             return verify
         return gamma * self.draft_ms_per_token() + self.draft_call_ms + share * max(self.draft_latency_ms, 0.0) + verify
 
+    def observe(self, c: CycleCosts) -> None:
+        """Fold one cycle's costs into the estimates."""
+        if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
+            # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
+            passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
+            self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
+            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, self.decay)
+            self.draft_call_ms = self._ewma(self.draft_call_ms, c.draft_call_ms)
+            self.draft_latency_ms = self._ewma(self.draft_latency_ms, c.draft_latency_ms)
+        self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
+        self.latency_ms = self._ewma(self.latency_ms, c.latency_ms)
+        if c.verify_fed > STEADY_VERIFY_FED:
+            return
+        passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
+        self.verify_sessions = self._ewma(self.verify_sessions, passes.sessions / passes.passes)
+        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, self.decay)
+        self.verify_call_ms = self._ewma(self.verify_call_ms, c.verify_call_ms)
+
+    def _ewma(self, old: float, new: float) -> float:
+        return new if old < 0 else self.decay * old + (1 - self.decay) * new
+
+
+@dataclass
+class GammaPolicy:
+    """A session's γ and shape choice: its acceptance, and the replica's costs (shared)."""
+
+    max_gamma: int = 8
+    initial_gamma: int = 4  # used until both workers have been measured
+    prior_alpha: float = 0.6
+    prior_weight: float = 2.0  # pseudo-observations behind prior_alpha
+    decay: float = 0.9  # per cycle: older evidence fades so the policy follows the text
+    probe_every: int = 8
+    # Decayed acceptance evidence.
+    accepted: float = 0.0
+    verified: float = 0.0
+    zero_streak: int = 0
+    # Per draft shape, the decayed output tokens and cost of its drafting cycles; the shape of the
+    # latest ones and how many ran in a row.
+    chain_tokens: float = 0.0
+    chain_ms: float = 0.0
+    tree_tokens: float = 0.0
+    tree_ms: float = 0.0
+    last_tree: bool = False
+    shape_streak: int = 0
+    costs: PoolCosts = field(default_factory=PoolCosts)  # the replica's: one object for all its sessions
+
+    @property
+    def alpha(self) -> float:
+        a = (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
+        return min(a, 0.999)
+
     def tokens_per_ms(self, gamma: int) -> float:
-        return expected_tokens(self.alpha, gamma) / max(self.cycle_ms(gamma), 1e-6)
+        return expected_tokens(self.alpha, gamma) / max(self.costs.cycle_ms(gamma), 1e-6)
 
     def choose(self, limit: int | None = None) -> int:
         """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1)."""
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
-        if self.draft_pass.n == 0 or self.verify_pass.n == 0:
+        if not self.costs.measured:
             return min(self.initial_gamma, top)
         gamma = max(range(top + 1), key=lambda g: (self.tokens_per_ms(g), -g))
         if gamma == 0 and top > 0 and self.zero_streak + 1 >= self.probe_every:
@@ -191,27 +233,13 @@ class GammaPolicy:
 
     def observe(self, c: CycleCosts, output_tokens: int = 0) -> None:
         """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
-        estimates."""
+        session's estimates and the replica's costs."""
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         if c.gamma:
             self._observe_shape(c, output_tokens)
             self.accepted = self.decay * self.accepted + c.accepted
             self.verified = self.decay * self.verified + verified_tokens(c.accepted, c.gamma)
-        if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
-            # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
-            passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
-            self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
-            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, self.decay)
-            self.draft_call_ms = self._ewma(self.draft_call_ms, c.draft_call_ms)
-            self.draft_latency_ms = self._ewma(self.draft_latency_ms, c.draft_latency_ms)
-        self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
-        self.latency_ms = self._ewma(self.latency_ms, c.latency_ms)
-        if c.verify_fed > STEADY_VERIFY_FED:
-            return
-        passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
-        self.verify_sessions = self._ewma(self.verify_sessions, passes.sessions / passes.passes)
-        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, self.decay)
-        self.verify_call_ms = self._ewma(self.verify_call_ms, c.verify_call_ms)
+        self.costs.observe(c)
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:
@@ -229,24 +257,15 @@ class GammaPolicy:
         self.shape_streak = self.shape_streak + 1 if c.tree == self.last_tree else 1
         self.last_tree = c.tree
 
-    def _ewma(self, old: float, new: float) -> float:
-        return new if old < 0 else self.decay * old + (1 - self.decay) * new
-
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The session's own state, to store: its acceptance and its shapes' rates."""
+        return {name: getattr(self, name) for name in ACCEPTANCE}
 
-    @classmethod
-    def from_dict(cls, state: dict) -> "GammaPolicy":
-        names = {f.name for f in fields(cls)}
-        kwargs = {k: v for k, v in state.items() if k in names}
-        for fit in ("draft_pass", "verify_pass"):
-            if isinstance(kwargs.get(fit), dict):
-                kwargs[fit] = LinearFit(**kwargs[fit])
-        return cls(**kwargs)
-
-    def with_fresh_acceptance(self) -> "GammaPolicy":
-        """A copy that keeps the measured costs but forgets acceptance (for a new session)."""
-        return GammaPolicy.from_dict(self.to_dict() | ACCEPTANCE)
+    def for_session(self, state: dict | None = None) -> "GammaPolicy":
+        """A policy with these settings and these costs (the same object: the replica's), and
+        the acceptance of `state` (a stored session's to_dict; unknown fields ignored) or none yet."""
+        known = {k: v for k, v in (state or {}).items() if k in ACCEPTANCE}
+        return replace(self, **(ACCEPTANCE | known))
 
 
 def _passes(reported: Batching | None, passes: int, tokens: int) -> Batching:

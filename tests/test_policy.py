@@ -101,7 +101,7 @@ def test_defaults_and_initial_gamma_before_measurements():
     assert GammaPolicy(initial_gamma=6).choose(limit=-3) == 0
     # A γ-0 cycle measures the target but not the draft: still the initial γ.
     policy.observe(costly_bad_cycle(0))
-    assert policy.verify_pass.n > 0 and policy.draft_pass.n == 0
+    assert policy.costs.verify_pass.n > 0 and policy.costs.draft_pass.n == 0
     assert policy.choose() == 4
 
 
@@ -136,18 +136,18 @@ def test_costs_are_learned_from_steady_cycles_only():
     prefill = replace(cheap_good_cycle(4), draft_cost_ms=80.0, verify_cost_ms=90.0,
                       draft_fed=60, verify_fed=60)
     policy.observe(prefill)
-    assert policy.draft_pass.n == 0 and policy.verify_pass.n == 0 and policy.overhead_ms == 0.5
+    assert policy.costs.draft_pass.n == 0 and policy.costs.verify_pass.n == 0 and policy.costs.overhead_ms == 0.5
     assert policy.choose() == policy.initial_gamma  # nothing steady measured yet
     policy = trained(cheap_good_cycle, [4, 2, 4, 6] * 3)
-    before = policy.to_dict()
+    before, accepted = asdict(policy.costs), policy.accepted
     catch_up = replace(cheap_good_cycle(1), draft_cost_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
     policy.observe(catch_up)
-    assert asdict(policy.draft_pass) == before["draft_pass"]
-    assert policy.verify_pass.n > before["verify_pass"]["n"]  # the verifier's call was steady
-    assert policy.accepted == pytest.approx(policy.decay * before["accepted"] + 1)  # acceptance counts
-    per_token = policy.draft_ms_per_token()
+    assert asdict(policy.costs.draft_pass) == before["draft_pass"]
+    assert policy.costs.verify_pass.n > before["verify_pass"]["n"]  # the verifier's call was steady
+    assert policy.accepted == pytest.approx(policy.decay * accepted + 1)  # acceptance counts
+    per_token = policy.costs.draft_ms_per_token()
     policy.observe(replace(cheap_good_cycle(2), draft_cost_ms=2.0, draft_fed=2))  # a full accept: steady
-    assert policy.draft_ms_per_token() > per_token
+    assert policy.costs.draft_ms_per_token() > per_token
 
 
 def test_a_probe_that_catches_up_does_not_keep_the_policy_at_zero():
@@ -185,7 +185,7 @@ def test_probe_after_a_streak_of_zero_cycles():
 
 
 def test_probe_every_is_configurable():
-    policy = GammaPolicy.from_dict(trained(costly_bad_cycle, [4] * 20).to_dict() | {"probe_every": 3})
+    policy = replace(trained(costly_bad_cycle, [4] * 20), probe_every=3)
     policy.zero_streak = 0
     assert policy.choose() == 0
     policy.observe(costly_bad_cycle(0))
@@ -218,20 +218,20 @@ def test_cost_estimates():
     policy = GammaPolicy(decay=0.9)
     policy.observe(CycleCosts(4, 2, draft_cost_ms=8.0, draft_call_ms=1.0, verify_cost_ms=12.0,
                               verify_call_ms=2.0, overhead_ms=3.0))
-    assert policy.draft_ms_per_token() == 2.0 and policy.draft_call_ms == 1.0
-    assert policy.verify_call_ms == 2.0 and policy.overhead_ms == 3.0
+    assert policy.costs.draft_ms_per_token() == 2.0 and policy.costs.draft_call_ms == 1.0
+    assert policy.costs.verify_call_ms == 2.0 and policy.costs.overhead_ms == 3.0
     policy.observe(CycleCosts(2, 2, draft_cost_ms=8.0, draft_call_ms=3.0, verify_cost_ms=12.0,
                               verify_call_ms=4.0, overhead_ms=5.0))
-    assert policy.draft_ms_per_token() == pytest.approx((0.9 * 2 + 4) / 1.9)  # the fit's decayed mean
-    assert policy.draft_call_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
-    assert policy.verify_call_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
-    assert policy.overhead_ms == pytest.approx(0.9 * 3 + 0.1 * 5)
-    before = (policy.draft_ms_per_token(), policy.draft_call_ms)
+    assert policy.costs.draft_ms_per_token() == pytest.approx((0.9 * 2 + 4) / 1.9)  # the fit's decayed mean
+    assert policy.costs.draft_call_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
+    assert policy.costs.verify_call_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
+    assert policy.costs.overhead_ms == pytest.approx(0.9 * 3 + 0.1 * 5)
+    before = (policy.costs.draft_ms_per_token(), policy.costs.draft_call_ms)
     policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
-    assert (policy.draft_ms_per_token(), policy.draft_call_ms) == before
+    assert (policy.costs.draft_ms_per_token(), policy.costs.draft_call_ms) == before
     alpha = policy.alpha
     policy.observe(CycleCosts(3, 3, 0.0, 0.0, 12.0, 2.0, 3.0, drafted_ahead=True))  # no draft call this cycle
-    assert (policy.draft_ms_per_token(), policy.draft_call_ms) == before
+    assert (policy.costs.draft_ms_per_token(), policy.costs.draft_call_ms) == before
     assert policy.alpha > alpha  # its acceptance still counts
 
 
@@ -240,26 +240,26 @@ def test_verify_cost_fit_recovers_a_linear_cost():
     for g in [1, 5, 2, 8, 3, 0, 6, 4] * 3:
         policy.observe(CycleCosts(g, 0, 1.0 * g, 0.5, 5.0 + 2.0 * (g + 1), 0.5, 0.5))
     for g in range(0, 9):
-        assert policy.verify_ms(g) == pytest.approx(5.0 + 2.0 * (g + 1), rel=1e-6)
-        draft = g * policy.draft_ms_per_token() + policy.draft_call_ms if g else 0.0
-        want = draft + policy.verify_ms(g) + policy.verify_call_ms + policy.overhead_ms
-        assert policy.cycle_ms(g) == pytest.approx(want)
+        assert policy.costs.verify_ms(g) == pytest.approx(5.0 + 2.0 * (g + 1), rel=1e-6)
+        draft = g * policy.costs.draft_ms_per_token() + policy.costs.draft_call_ms if g else 0.0
+        want = draft + policy.costs.verify_ms(g) + policy.costs.verify_call_ms + policy.costs.overhead_ms
+        assert policy.costs.cycle_ms(g) == pytest.approx(want)
 
 
 def test_verify_cost_fit_is_never_negative_or_decreasing():
     steep = GammaPolicy()  # y = 3x - 2: the line would be negative at x = 0
     for g in [1, 3, 5, 7] * 3:
         steep.observe(CycleCosts(g, 0, 1.0, 0.0, 3.0 * (g + 1) - 2.0, 0.0, 0.0))
-    assert steep.verify_ms(-1) == pytest.approx(0.0, abs=1e-9)  # clamped to pass through the origin
-    assert all(steep.verify_ms(g) > 0 for g in range(9))
+    assert steep.costs.verify_ms(-1) == pytest.approx(0.0, abs=1e-9)  # clamped to pass through the origin
+    assert all(steep.costs.verify_ms(g) > 0 for g in range(9))
     falling = GammaPolicy()  # noise making verify look cheaper with more tokens: slope 0
     for g in [1, 3, 5, 7] * 3:
         falling.observe(CycleCosts(g, 0, 1.0, 0.0, 20.0 - g, 0.0, 0.0))
-    assert falling.verify_ms(0) == pytest.approx(falling.verify_ms(8))
+    assert falling.costs.verify_ms(0) == pytest.approx(falling.costs.verify_ms(8))
     flat = GammaPolicy()  # one γ only: no slope can be fitted
     for _ in range(5):
         flat.observe(CycleCosts(4, 0, 1.0, 0.0, 7.0, 0.0, 0.0))
-    assert flat.verify_ms(0) == pytest.approx(7.0) and flat.verify_ms(8) == pytest.approx(7.0)
+    assert flat.costs.verify_ms(0) == pytest.approx(7.0) and flat.costs.verify_ms(8) == pytest.approx(7.0)
 
 
 # --- the load: passes shared with other sessions ------------------------------------------
@@ -289,12 +289,12 @@ def test_a_session_is_charged_its_share_of_each_pass(sessions):
     policy = GammaPolicy()
     for g, others in zip([1, 3, 2, 4, 1, 3] * 4, [1, 2, 4, 8, 3, 6] * 4):
         policy.observe(loaded_cycle(g, sessions, others))
-    assert policy.verify_sessions == pytest.approx(sessions) and policy.draft_sessions == pytest.approx(sessions)
+    assert policy.costs.verify_sessions == pytest.approx(sessions) and policy.costs.draft_sessions == pytest.approx(sessions)
     for g in range(9):
-        assert policy.verify_ms(g) == pytest.approx(10.0 / sessions + 0.5 * (g + 1), rel=1e-6)
-    assert policy.draft_ms_per_token() == pytest.approx(2.0 / sessions + 0.4, rel=1e-6)
+        assert policy.costs.verify_ms(g) == pytest.approx(10.0 / sessions + 0.5 * (g + 1), rel=1e-6)
+    assert policy.costs.draft_ms_per_token() == pytest.approx(2.0 / sessions + 0.4, rel=1e-6)
     gammas = [0, 3, 8, 1][:sessions] if sessions <= 4 else [g % 9 for g in range(sessions)]
-    shares = sum(policy.verify_ms(g) for g in gammas)
+    shares = sum(policy.costs.verify_ms(g) for g in gammas)
     assert shares == pytest.approx(10.0 + 0.5 * sum(g + 1 for g in gammas), rel=1e-6)
 
 
@@ -321,9 +321,9 @@ def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
 
     alone = trained(lambda g: waiting(loaded_cycle(g, 1)), [2, 4, 1, 3] * 4)
     quick = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
-    assert alone.latency_ms == pytest.approx(40.0, rel=0.05) and alone.choose() > quick.choose() > 0
+    assert alone.costs.latency_ms == pytest.approx(40.0, rel=0.05) and alone.choose() > quick.choose() > 0
     loaded = trained(lambda g: waiting(loaded_cycle(g, 32)), [2, 4, 1, 3] * 4)
-    assert loaded.cycle_ms(0) == pytest.approx(10.0 / 32 + 0.5 + 0.3 + 0.5 + 40.0 / 32, rel=1e-3)
+    assert loaded.costs.cycle_ms(0) == pytest.approx(10.0 / 32 + 0.5 + 0.3 + 0.5 + 40.0 / 32, rel=1e-3)
     assert loaded.choose() == 0 == brute_force_choice(loaded, loaded.max_gamma)
 
 
@@ -333,39 +333,34 @@ def test_a_call_without_a_batching_report_counts_as_alone():
     assert silent == reported
 
 
-def test_round_trip_through_json():
-    fresh = GammaPolicy()
-    assert GammaPolicy.from_dict(json.loads(json.dumps(fresh.to_dict()))) == fresh
+def test_a_session_stores_its_acceptance_and_shares_the_replicas_costs():
+    """to_dict is the session's own state (a few numbers, through JSON); for_session gives a
+    stored or new session the replica's settings and its costs, the very object, so that every
+    session's cycles measure them and every session's choice reads them."""
     policy = trained(cheap_good_cycle, [4, 8, 6, 2, 8, 0, 0, 3])
     state = json.loads(json.dumps(policy.to_dict()))
-    assert set(state) >= {"max_gamma", "accepted", "verified", "draft_pass", "verify_pass", "zero_streak"}
-    restored = GammaPolicy.from_dict(state)
-    assert restored == policy and restored is not policy
-    assert restored.choose() == policy.choose()
+    assert set(state) == set(ACCEPTANCE) and state["accepted"] > 0
+    replica = GammaPolicy(costs=policy.costs)  # the replica's: its costs, no acceptance
+    restored = replica.for_session(state)
+    assert restored == policy and restored.costs is policy.costs
     for limit in range(5):
         assert restored.choose(limit) == policy.choose(limit)
-    restored.observe(cheap_good_cycle(5))  # the copies are independent
-    assert restored != policy
-
-
-def test_from_dict_tolerates_unknown_and_missing_fields():
-    state = GammaPolicy(max_gamma=6).to_dict() | {"field_from_a_newer_version": 1}
-    assert GammaPolicy.from_dict(state) == GammaPolicy(max_gamma=6)
-    assert GammaPolicy.from_dict({"max_gamma": 3}) == GammaPolicy(max_gamma=3)
-
-
-def test_with_fresh_acceptance_keeps_costs_and_forgets_acceptance():
-    policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
-    for _ in range(3):
-        policy.observe(costly_bad_cycle(0))
-    snapshot = policy.to_dict()
-    fresh = policy.with_fresh_acceptance()
-    assert policy.to_dict() == snapshot  # the original is untouched
-    assert (fresh.accepted, fresh.verified, fresh.zero_streak) == (0.0, 0.0, 0)
+    fresh = replica.for_session()
+    assert fresh.costs is policy.costs and fresh.to_dict() == ACCEPTANCE
     assert fresh.alpha == pytest.approx(fresh.prior_alpha)
-    kept = {k: v for k, v in snapshot.items() if k not in ACCEPTANCE}
-    assert {k: v for k, v in fresh.to_dict().items() if k in kept} == kept
-    assert fresh.cycle_ms(3) == policy.cycle_ms(3)
+    n = policy.costs.verify_pass.n
+    fresh.observe(costly_bad_cycle(3))  # measures the replica's costs, and only its own acceptance
+    assert policy.costs.verify_pass.n > n and restored.to_dict() == state and fresh.accepted == 0.0
+
+
+def test_a_stored_state_with_unknown_or_missing_fields_restores():
+    """A record written by another version: the settings stay the replica's, unknown fields
+    (such as the costs an older version stored per session) are ignored."""
+    replica = GammaPolicy(max_gamma=6)
+    restored = replica.for_session({"accepted": 1.5, "max_gamma": 3, "draft_pass": {"n": 4.0}, "newer": 1})
+    assert restored.max_gamma == 6 and restored.accepted == 1.5 and restored.verified == 0.0
+    assert restored.costs is replica.costs and not restored.costs.measured
+    assert replica.for_session({}) == replica.for_session(None) == replica
 
 
 def shape_cycle(tree: bool, cost_ms: float) -> CycleCosts:
@@ -389,7 +384,7 @@ def test_auto_shape_tries_both_then_drafts_the_faster_and_probes_the_other():
         tree = policy.choose_tree()
         policy.observe(shape_cycle(tree, 40.0 if tree else 10.0), output_tokens=5 if tree else 3)
     assert [policy.choose_tree() for _ in range(1)] == [False]
-    fresh = policy.with_fresh_acceptance()
+    fresh = policy.for_session()
     assert (fresh.chain_ms, fresh.tree_ms) == (0.0, 0.0) and not fresh.choose_tree()
 
 
