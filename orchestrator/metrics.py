@@ -2,6 +2,7 @@
 under a `tandem:` prefix (counters are exposed with prometheus_client's `_total` suffix, as
 vLLM's are). Served over HTTP by `serve(port)` from the Ray Serve replica's process."""
 
+import functools
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -47,7 +48,14 @@ resumes = Counter("tandem:resumes", "Sessions resumed from Redis.", registry=REG
 store_unavailable = Counter("tandem:store_unavailable", "Requests that ended because Redis stayed unreachable.",
                         registry=REGISTRY)
 
-_PARTS = ("draft", "verify", "transport", "redis", "orchestration")
+# Labelled series looked up once (a labels() call costs a lock and a dictionary walk per cycle).
+_PART_SERIES = [(f"{part}_ms", cycle_part.labels(part=part))
+                for part in ("draft", "verify", "transport", "redis", "orchestration")]
+
+
+@functools.cache
+def _accepted_at(position: int):
+    return num_accepted_tokens_per_pos.labels(position=str(position))
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
@@ -62,9 +70,9 @@ def observe_cycle(c: CycleStats) -> None:
         num_draft_tokens.inc(c.gamma)
         num_accepted_tokens.inc(c.accepted)
         for position in range(c.accepted):
-            num_accepted_tokens_per_pos.labels(position=str(position)).inc()
-    for part in _PARTS:
-        cycle_part.labels(part=part).observe(getattr(c, f"{part}_ms") / 1e3)
+            _accepted_at(position).inc()
+    for field, series in _PART_SERIES:
+        series.observe(getattr(c, field) / 1e3)
 
 
 class RequestClock:

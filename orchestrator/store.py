@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError
+from redis.exceptions import AuthenticationError, NoScriptError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -265,14 +265,23 @@ class SessionStore:
     async def _commit_all(self, commits: list[tuple[list[str], list]]) -> list:
         """A turn's commits (tandem.orchestrator.turns) in one round trip: the fenced script once
         per session in a pipeline, not a transaction (each commit stands alone) → per commit its
-        result, or its error."""
-        async def run():
+        result, or its error. EVALSHA by hand: a pipeline of registered scripts first asks Redis
+        whether it knows them (SCRIPT EXISTS), a second round trip every time; a restarted Redis
+        that forgot the script answers NOSCRIPT, and those commits go again once it is loaded."""
+        async def run(pending):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for keys, args in commits:
-                    await self._commit(keys=keys, args=args, client=pipe)
+                for keys, args in pending:
+                    pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
                 return await pipe.execute(raise_on_error=False)
 
-        return await self._retrying(run)
+        results = await self._retrying(lambda: run(commits))
+        forgotten = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if forgotten:
+            await self._retrying(lambda: self.redis.script_load(_COMMIT))
+            again = await self._retrying(lambda: run([commits[i] for i in forgotten]))
+            for i, result in zip(forgotten, again):
+                results[i] = result
+        return results
 
     async def claim(self, session_id: str, owner: str) -> SessionRecord | None:
         """Take an unfinished session over for `owner` and return it (None: no such session)."""
