@@ -147,11 +147,17 @@ class SpeculativeLoop:
                     s.stats.ttft_s = time.perf_counter() - s.started
                 s.stats.elapsed_s = time.perf_counter() - s.started
                 yield out
+            await self._amend_last(s)
         finally:
             self.in_flight -= 1
             if call is not None:  # the client went away between two cycles
                 call.task.cancel()
                 call.span.end()
+
+    async def _amend_last(self, s: Session) -> None:
+        """Store the last cycle's Redis time (each other cycle's went with the next commit)."""
+        if s.stats.per_cycle:
+            await self.store.amend_redis_ms(s.session_id, s.cycle, s.stats.per_cycle[-1].redis_ms)
 
     def _launch(self, s: Session, parent: Context | None, block: Reply | None = None) -> "_FirstCall":
         """1. Open the cycle's span and start its first worker call: the draft, or the verify
@@ -309,7 +315,8 @@ class SpeculativeLoop:
                  "status": s.finish_reason or "running", "ttft_s": s.stats.ttft_s}
         with tracing.span("redis commit", parent, kind=SpanKind.CLIENT,
                           attributes={"db.system": "redis", "db.operation.name": "EVALSHA"}):
-            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, state)
+            previous = s.stats.per_cycle[-1].redis_ms if s.stats.per_cycle else 0.0
+            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, state, previous)
         return (time.perf_counter() - start) * 1e3
 
     async def _propose(self, s: Session, gamma: int, parent: Context,

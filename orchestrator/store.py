@@ -32,6 +32,7 @@ certificate is always verified, and for the URL's host unless `ssl_check_hostnam
 
 import asyncio
 import json
+import logging
 import os
 import ssl
 import struct
@@ -41,18 +42,21 @@ from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, NoScriptError
+from redis.exceptions import AuthenticationError, NoScriptError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tandem.orchestrator.turns import Turn
 from tandem.wire.generation import CycleStats
 
+log = logging.getLogger("tandem.orchestrator")
+
 FINISHED = ("stop", "length")  # statuses of a session that has generated all it will
 # One CycleStats, in its field order: gamma, accepted, output tokens, start, the six time
 # parts (draft, verify, transport, redis, orchestration as float64 ms), wire bytes, drafted
 # ahead, ahead ms, wait ms.
 _CYCLE = struct.Struct("<3I6dI?2d")
+_REDIS_MS_AT = struct.calcsize("<3I4d")  # where redis_ms sits in a packed cycle
 
 
 def check_redis_url(url: str) -> None:
@@ -76,8 +80,8 @@ def _keys(session_id: str) -> list[str]:
     return [meta, f"{meta}:tokens", f"{meta}:cycle_stats"]
 
 
-# KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, then
-# field/value pairs. Returns 1 (committed), 2 (this cycle was already committed by this owner:
+# KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, the offset
+# and packed value of the cycle before's Redis time ('' ''), then field/value pairs. Returns 1 (committed), 2 (this cycle was already committed by this owner:
 # a retry), 0 (another writer owns the session, or it is at another cycle), -1 (no session),
 # -2 (stopped: no writer owns it).
 _COMMIT = """
@@ -91,7 +95,8 @@ if at == cycle then return 2 end
 if at ~= cycle - 1 then return 0 end
 redis.call('APPEND', KEYS[2], ARGV[3])
 redis.call('APPEND', KEYS[3], ARGV[4])
-redis.call('HSET', KEYS[1], 'cycle', ARGV[2], unpack(ARGV, 6))
+if ARGV[6] ~= '' then redis.call('SETRANGE', KEYS[3], tonumber(ARGV[6]), ARGV[7]) end
+redis.call('HSET', KEYS[1], 'cycle', ARGV[2], unpack(ARGV, 8))
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return 1
 """
@@ -148,6 +153,11 @@ def _pack_tokens(tokens: list[int]) -> bytes:
 
 def pack_cycle(c: CycleStats) -> bytes:
     return _CYCLE.pack(*astuple(c))
+
+
+def _amendment(cycle: int, redis_ms: float) -> tuple[int, bytes]:
+    """Where cycle `cycle`'s (1-based) Redis time sits in the packed cycles, and its bytes."""
+    return (cycle - 1) * _CYCLE.size + _REDIS_MS_AT, struct.pack("<d", redis_ms)
 
 
 def unpack_cycles(packed: bytes) -> list[CycleStats]:
@@ -253,12 +263,16 @@ class SessionStore:
         await self._retrying(write)
 
     async def commit(self, session_id: str, owner: str, cycle: int, new_tokens: list[int], stats: CycleStats,
-                     state: dict) -> None:
+                     state: dict, previous_redis_ms: float = 0.0) -> None:
         """Append cycle `cycle`'s tokens and stats and set `state` (policy, cache_lens, workers,
-        status, ttft_s), atomically. Raises Fenced if this writer no longer owns the session."""
+        status, ttft_s), atomically. Raises Fenced if this writer no longer owns the session.
+        A cycle's Redis time is measured after its commit: `previous_redis_ms` is the cycle
+        before's, written into its stored stats (0: left as it is)."""
         pairs = [x for item in _encode(state).items() for x in item]
+        amend = _amendment(cycle - 1, previous_redis_ms) if cycle > 1 and previous_redis_ms else ("", "")
         result = await self._commits.add(
-            (_keys(session_id), [owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *pairs]))
+            (_keys(session_id), [owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *amend,
+                                 *pairs]))
         if result <= 0:
             raise Fenced(session_id, {0: "taken over", -1: "expired", -2: "stopped"}[result])
 
@@ -282,6 +296,17 @@ class SessionStore:
             for i, result in zip(forgotten, again):
                 results[i] = result
         return results
+
+    async def amend_redis_ms(self, session_id: str, cycle: int, redis_ms: float) -> bool:
+        """Write a committed cycle's Redis time into its stored stats (the last cycle's: no commit
+        follows to carry it) → whether Redis took it. One attempt, and no error: the tokens are
+        committed, only a statistic would be missing."""
+        try:
+            await self.redis.setrange(_keys(session_id)[2], *_amendment(cycle, redis_ms))
+            return True
+        except RedisError as e:
+            log.warning("the Redis time of cycle %d of %s was not stored: %s", cycle, session_id, e)
+            return False
 
     async def claim(self, session_id: str, owner: str) -> SessionRecord | None:
         """Take an unfinished session over for `owner` and return it (None: no such session)."""

@@ -186,6 +186,7 @@ def test_redis_holds_the_committed_tokens_of_a_finished_session(client, pair, re
     assert record.cycle == result.stats.cycles
     assert record.params["seed"] == 7 and record.params["temperature"] == 0
     assert set(record.policy) == set(ACCEPTANCE)  # the session's own: the costs are the replica's
+    assert len(record.per_cycle) == record.cycle and all(c.redis_ms > 0 for c in record.per_cycle)  # measured
     assert 0 < ttl <= 3600
 
 

@@ -3,6 +3,7 @@ only for the session's writer and only once; a resume takes a session over; Redi
 retried for a bounded time."""
 
 import asyncio
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -51,6 +52,27 @@ def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redi
     assert record.created_s > 0 and record.owner == "writer-a" and record.epoch == 1
     assert all(100 < ttl <= 120 for ttl in ttls)
     assert missing is None
+
+
+def test_each_stored_cycle_gets_its_redis_time_from_the_next_commit_or_after_the_last(redis_url):
+    """A cycle's Redis time is measured after its commit: the next commit writes it into the
+    cycle's stored stats, and the last one's is written on its own; the rest of a record stays."""
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        try:
+            await store.create(_record("redis-ms"))
+            await store.commit("redis-ms", "writer-a", 1, [8], _cycle(1), _state())
+            await store.commit("redis-ms", "writer-a", 2, [9], _cycle(2), _state(), previous_redis_ms=1.5)
+            await store.commit("redis-ms", "writer-a", 3, [10], _cycle(3), _state())  # 0: cycle 2's stays
+            assert await store.amend_redis_ms("redis-ms", 3, 0.75)
+            return await store.load("redis-ms")
+        finally:
+            await store.close()
+
+    record = asyncio.run(run())
+    assert [c.redis_ms for c in record.per_cycle] == [1.5, 0.0, 0.75]
+    assert [replace(c, redis_ms=0.0) for c in record.per_cycle] == [replace(_cycle(i), redis_ms=0.0) for i in (1, 2, 3)]
+    assert record.tokens == [5, 6, 7, 8, 9, 10]
 
 
 def test_a_commit_is_fenced_by_owner_and_cycle_and_a_retry_is_idempotent(redis_url):
