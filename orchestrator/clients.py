@@ -7,9 +7,12 @@ sessions make in the same turn of the event loop (tandem.orchestrator.turns) go 
 as the rows of one batched call (ProposeBatch, VerifyBatch), packed within the worker's message
 limits (its ModelInfo), and each call gets its row's answer or its row's status as the call's
 own. Batches travel on long-lived streams (ProposeBatchStream, VerifyBatchStream), one per
-batch in flight: a message on an open stream costs about 0.7 ms less than a unary call here. A batch that fails or is cancelled half-way
-drops its stream, whose unread answer must not reach the next batch, and fails each of its rows
-with its status (UNAVAILABLE moves each session to another worker on its own)."""
+batch in flight: a message on an open stream costs about 0.7 ms less than a unary call here. A
+batch that fails or is cancelled half-way drops its stream, whose unread answer must not reach
+the next batch, and fails each of its rows with its status (UNAVAILABLE moves each session to
+another worker on its own). A row still runs when its caller has given up; each carries its
+session's writer epoch, so that a taken-over writer's late row cannot change what the new
+writer's calls find (tandem.services.fencing)."""
 
 import asyncio
 import time
@@ -168,7 +171,8 @@ class WorkerClient:
                                        f"no answer in {self.timeout_s} s") from None
         except asyncio.InvalidStateError:  # the stream ended between the check and the write
             stream.cancel()
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "the stream to the worker ended") from None
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                       "the stream to the worker ended") from None
         except BaseException:  # failed or cancelled half-way: its answer must not reach the next batch
             stream.cancel()
             raise

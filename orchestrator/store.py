@@ -81,9 +81,10 @@ def _keys(session_id: str) -> list[str]:
 
 
 # KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, the offset
-# and packed value of the cycle before's Redis time ('' ''), then field/value pairs. Returns 1 (committed), 2 (this cycle was already committed by this owner:
-# a retry), 0 (another writer owns the session, or it is at another cycle), -1 (no session),
-# -2 (stopped: no writer owns it).
+# and packed value of the cycle before's Redis time ('' '': none), then field/value pairs.
+# Returns 1 (committed), 2 (this cycle was already committed by this owner: a retry), 0
+# (another writer owns the session, or it is at another cycle), -1 (no session), -2 (stopped:
+# no writer owns it).
 _COMMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local state = redis.call('HMGET', KEYS[1], 'owner', 'cycle')
@@ -247,8 +248,8 @@ class SessionStore:
     async def create(self, record: SessionRecord) -> None:
         meta = _encode({"params": record.params, "prompt_len": record.prompt_len, "cycle": record.cycle,
                         "policy": record.policy, "workers": record.workers, "cache_lens": record.cache_lens,
-                        "status": record.status, "owner": record.owner, "epoch": record.epoch, "created_s": record.created_s or time.time(),
-                        "ttft_s": record.ttft_s})
+                        "status": record.status, "owner": record.owner, "epoch": record.epoch,
+                        "created_s": record.created_s or time.time(), "ttft_s": record.ttft_s})
         meta_key, tokens_key, cycles_key = _keys(record.session_id)
 
         async def write():
