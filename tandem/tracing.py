@@ -70,6 +70,25 @@ def span(name: str, parent: Context | None = None, **kwargs):
         yield current
 
 
+@contextmanager
+def linked_span(name: str, carriers, **kwargs):
+    """A current span of a trace of its own, linked to the sampled spans that `carriers` (trace
+    contexts, as extract takes them) name: work done for many callers at once, such as a batched
+    call's rows. The invalid span when this process does not trace or none of them is sampled (a
+    sampled-out caller gets no span from anything done for it)."""
+    links = []
+    if _configured:
+        for carrier in carriers:
+            linked = trace.get_current_span(extract(carrier)).get_span_context()
+            if linked.is_valid and linked.trace_flags.sampled:
+                links.append(trace.Link(linked))
+    if not links:
+        yield trace.INVALID_SPAN
+        return
+    with tracer.start_as_current_span(name, context=Context(), links=links, **kwargs) as current:
+        yield current
+
+
 def shutdown() -> None:
     """Flush and stop the exporter (also done at interpreter exit)."""
     provider = trace.get_tracer_provider()

@@ -99,6 +99,26 @@ def test_a_request_joins_the_callers_trace_across_three_services(cluster, otlp, 
     commits = [sp for _, sp in spans if sp.name == "redis commit"]
     assert len(commits) == result.stats.cycles and all(sp.parent_span_id in cycle_ids for sp in commits)
 
+    # Each batched call is a step of its worker: a span of its own trace, linked to its rows' calls.
+    steps = linked_steps(otlp, answered)
+    linked = [(link.trace_id, link.span_id) for step in steps for link in step.links]
+    ours = [span_id for trace, span_id in linked if trace == trace_id]
+    assert answered <= set(ours) <= {sp.span_id for sp in calls} and len(ours) == len(set(ours))
+    for step in steps:
+        assert step.kind == CLIENT and step.parent_span_id == b"" and step.trace_id != trace_id
+        assert step.name.endswith(("/ProposeBatch", "/VerifyBatch")) and attributes(step)["tandem.rows"] >= 1
+
+
+def linked_steps(otlp, span_ids: set[bytes], timeout_s: float = 30.0) -> list:
+    """The batched calls' spans linked to any of these spans, once every one of them is linked."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with otlp.lock:
+            steps = [sp for _, sp in otlp.spans if any(link.span_id in span_ids for link in sp.links)]
+        if {link.span_id for sp in steps for link in sp.links} >= span_ids or time.monotonic() > deadline:
+            return steps
+        time.sleep(0.1)
+
 
 def test_without_a_caller_trace_a_request_is_its_own_trace(cluster, otlp, pair):
     with tandem.Client(cluster["address"], timeout_s=120) as client:
