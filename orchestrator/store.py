@@ -115,6 +115,12 @@ end
 return {redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[2]) or '', redis.call('GET', KEYS[3]) or ''}
 """
 
+# KEYS: cycles. ARGV: offset, bytes. Writes a stored cycle's Redis time, if the session's cycles
+# are still there (SETRANGE alone would make a key without a TTL for a session that expired).
+_AMEND = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('SETRANGE', KEYS[1], ARGV[1], ARGV[2]) end
+"""
+
 # KEYS: meta. ARGV: status. Stops an unfinished session: no writer owns it any more (the one
 # at it is fenced from its next commit on), and its status says why.
 _STOP = """
@@ -219,6 +225,7 @@ class SessionStore:
         self._claim = client.register_script(_CLAIM)
         self._finish = client.register_script(_FINISH)
         self._stop = client.register_script(_STOP)
+        self._amend = client.register_script(_AMEND)
         self._commits = Turn(self._commit_all)  # commits made in one turn of the loop: one round trip
 
     @classmethod
@@ -303,7 +310,7 @@ class SessionStore:
         follows to carry it) → whether Redis took it. One attempt, and no error: the tokens are
         committed, only a statistic would be missing."""
         try:
-            await self.redis.setrange(_keys(session_id)[2], *_amendment(cycle, redis_ms))
+            await self._amend(keys=_keys(session_id)[2:], args=list(_amendment(cycle, redis_ms)))
             return True
         except RedisError as e:
             log.warning("the Redis time of cycle %d of %s was not stored: %s", cycle, session_id, e)

@@ -65,6 +65,8 @@ def test_each_stored_cycle_gets_its_redis_time_from_the_next_commit_or_after_the
             await store.commit("redis-ms", "writer-a", 2, [9], _cycle(2), _state(), previous_redis_ms=1.5)
             await store.commit("redis-ms", "writer-a", 3, [10], _cycle(3), _state())  # 0: cycle 2's stays
             assert await store.amend_redis_ms("redis-ms", 3, 0.75)
+            await store.amend_redis_ms("expired", 1, 0.5)  # no such session: nothing is made
+            assert not await store.redis.exists("tandem:session:expired:cycle_stats")
             return await store.load("redis-ms")
         finally:
             await store.close()
