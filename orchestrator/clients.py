@@ -83,9 +83,11 @@ class WorkerClient:
     async def load(self) -> wire.WorkerLoad:
         return wire.load_from_pb(await self.stub.Load(wire.load_request(), timeout=self.timeout_s))
 
-    async def release(self, session_id: str, parent: Context | None = None) -> bool:
+    async def release(self, session_id: str, parent: Context | None = None, epoch: int = 0) -> bool:
+        """Free the session's cache; with its writer's epoch, the worker also refuses that
+        writer's calls still on their way (tandem.services.fencing)."""
         with self._span("Release", parent) as (_, metadata):
-            msg = await self.stub.Release(wire.release_request(session_id), timeout=self.timeout_s,
+            msg = await self.stub.Release(wire.release_request(session_id, epoch), timeout=self.timeout_s,
                                           metadata=metadata)
             return msg.released
 

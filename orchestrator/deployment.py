@@ -308,7 +308,7 @@ class GenerationService:
                 await self.store.finish(session.session_id, session.owner, ended)
             except StoreUnavailable:
                 pass
-        calls = [c.release(session.session_id, parent) for c in clients]
+        calls = [c.release(session.session_id, parent, session.epoch) for c in clients]
         for r in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(r, Exception):
                 log.warning("release of %s failed: %s", session.session_id, r)

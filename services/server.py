@@ -276,8 +276,13 @@ class WorkerServicer:
     async def Release(self, request, context):
         async def work():
             check_session_id(request.session_id)
-            session_id = request.session_id
-            return await asyncio.wrap_future(self.batcher.submit(lambda: self.runtime.release(session_id)))
+            session_id, epoch = request.session_id, request.writer_epoch
+
+            def release() -> bool:  # on the model thread, in order with the session's steps
+                self.batcher.writers.release(session_id, epoch)
+                return self.runtime.release(session_id)
+
+            return await asyncio.wrap_future(self.batcher.submit(release))
 
         return await self.answer(context, "Release", request, work, wire.release_response)
 

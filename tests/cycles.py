@@ -45,7 +45,7 @@ async def open_session(loop: SpeculativeLoop, session_id: str, prompt: list[int]
 async def release(loop: SpeculativeLoop, s: Session) -> int:
     """Free the session's caches on every worker that took its calls → how many held it."""
     pools = {"draft": loop.drafts, "target": loop.targets}
-    return sum(await asyncio.gather(*(pools[kind].workers[address].client.release(s.session_id)
+    return sum(await asyncio.gather(*(pools[kind].workers[address].client.release(s.session_id, epoch=s.epoch)
                                       for kind, address in s.used)))
 
 

@@ -194,6 +194,12 @@ def test_writer_epochs_admit_the_latest_writer_and_forget_the_least_recent_sessi
     epochs.admit("a", 1)
     with pytest.raises(Superseded):
         epochs.admit("c", 4)
+    epochs.release("c", 5)  # its writer released it: epoch 5 is over, 6 (a resume) is taken
+    with pytest.raises(Superseded, match="or later"):
+        epochs.admit("c", 5)
+    epochs.admit("c", 6)
+    epochs.release("c", 0)  # not fenced: changes nothing
+    epochs.admit("c", 6)
 
 
 def test_the_token_budget_splits_rounds_and_the_oldest_always_runs(model_dir):

@@ -134,13 +134,13 @@ def test_a_writer_cancelled_mid_call_leaves_another_writers_call_alone(workers):
     async def run():
         client = DraftClient(workers["draft"])
         try:
-            first = asyncio.ensure_future(client.propose("two-writers", 0, list(range(5, 200)), 16, greedy, epoch=1))
+            first = asyncio.ensure_future(client.propose("mid-call", 0, list(range(5, 200)), 16, greedy, epoch=1))
             await asyncio.sleep(0)  # the first call holds its stream
-            second = asyncio.ensure_future(client.propose("two-writers", 0, [5, 6, 7], 2, greedy, epoch=2))
+            second = asyncio.ensure_future(client.propose("mid-call", 0, [5, 6, 7], 2, greedy, epoch=2))
             await asyncio.sleep(0.002)
             first.cancel()
             reply = await second
-            await client.release("two-writers")
+            await client.release("mid-call")
             return reply
         finally:
             await client.close()

@@ -560,7 +560,15 @@ def test_a_call_from_a_taken_over_writer_is_refused_after_the_new_writers(target
     with pytest.raises(grpc.RpcError) as refused:  # a unary call of the old writer: refused the same way
         target_stub.Verify(row(1, []), timeout=TIMEOUT_S)
     assert_status(refused, grpc.StatusCode.ABORTED, "writer_epoch")
-    target_stub.Release(wire.release_request("epochs"), timeout=TIMEOUT_S)
+    # Its release closes epoch 2 as well: a call of it arriving late is refused and makes no
+    # cache; a later writer (a resume: epoch 3) is taken.
+    assert target_stub.Release(wire.release_request("epochs", 2), timeout=TIMEOUT_S).released
+    with pytest.raises(grpc.RpcError) as refused:
+        target_stub.Verify(row(2, [5]), timeout=TIMEOUT_S)
+    assert_status(refused, grpc.StatusCode.ABORTED, "writer_epoch")
+    assert not target_stub.Release(wire.release_request("epochs"), timeout=TIMEOUT_S).released  # nothing made
+    assert wire.verification_from_pb(target_stub.Verify(row(3, [5]), timeout=TIMEOUT_S))
+    target_stub.Release(wire.release_request("epochs", 3), timeout=TIMEOUT_S)
 
 
 def test_describe_states_the_workers_message_limits(draft_stub):

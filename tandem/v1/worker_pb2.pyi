@@ -172,10 +172,12 @@ class Batching(_message.Message):
     def __init__(self, passes: _Optional[int] = ..., tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., wait_ms: _Optional[float] = ..., cost_ms: _Optional[float] = ..., handling_ms: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "writer_epoch")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    writer_epoch: int
+    def __init__(self, session_id: _Optional[str] = ..., writer_epoch: _Optional[int] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released",)

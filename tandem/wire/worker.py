@@ -194,8 +194,8 @@ def batch_answers(msg) -> list:
             else r.response for r in msg.rows]
 
 
-def release_request(session_id: str) -> worker_pb2.ReleaseRequest:
-    return worker_pb2.ReleaseRequest(session_id=session_id)
+def release_request(session_id: str, writer_epoch: int = 0) -> worker_pb2.ReleaseRequest:
+    return worker_pb2.ReleaseRequest(session_id=session_id, writer_epoch=writer_epoch)
 
 
 def release_response(released: bool) -> worker_pb2.ReleaseResponse:
