@@ -149,11 +149,9 @@ class WorkerClient:
     async def _send(self, batch: list) -> list:
         """One batched call → per row its answer, or its (or the call's) status as an AioRpcError.
         Traced as a step of the worker: a span of its own trace, linked to each row's call span."""
-        service = self.stub_class.__name__.removesuffix("Stub")
-        step = tracing.linked_span(
-            f"tandem.v1.{service}/{self.batch_rpc}", (row.trace_context for row in batch), kind=SpanKind.CLIENT,
-            attributes={"rpc.system": "grpc", "rpc.service": f"tandem.v1.{service}", "rpc.method": self.batch_rpc,
-                        "server.address": self.address, "tandem.rows": len(batch)})
+        name, attributes = self._rpc(self.batch_rpc)
+        step = tracing.linked_span(name, (row.trace_context for row in batch), kind=SpanKind.CLIENT,
+                                   attributes=attributes | {"tandem.rows": len(batch)})
         try:
             with step:
                 msg = await self._exchange(wire.batch_request(self.batch_rpc, batch))
@@ -191,15 +189,17 @@ class WorkerClient:
         self._streams.append(stream)
         return msg
 
+    def _rpc(self, rpc: str) -> tuple[str, dict]:
+        """A call's span name and its attributes (OpenTelemetry's RPC conventions)."""
+        service = f"tandem.v1.{self.stub_class.__name__.removesuffix('Stub')}"
+        return f"{service}/{rpc}", {"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc,
+                                    "server.address": self.address}
+
     @contextmanager
     def _span(self, rpc: str, parent: Context | None, attributes: dict | None = None):
         """A client span for one call, child of `parent`; yields it and the metadata to send."""
-        service = self.stub_class.__name__.removesuffix("Stub")
-        with tracing.span(
-            f"tandem.v1.{service}/{rpc}", parent, kind=SpanKind.CLIENT,
-            attributes={"rpc.system": "grpc", "rpc.service": f"tandem.v1.{service}", "rpc.method": rpc,
-                        "server.address": self.address, **(attributes or {})},
-        ) as span:
+        name, rpc_attributes = self._rpc(rpc)
+        with tracing.span(name, parent, kind=SpanKind.CLIENT, attributes=rpc_attributes | (attributes or {})) as span:
             yield span, tracing.metadata() if span.get_span_context().is_valid else ()
 
 
