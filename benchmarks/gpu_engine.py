@@ -136,7 +136,7 @@ class Engine:
             from tandem.math.params import SamplingParams
 
             greedy = SamplingParams(temperature=0.0)
-            steps = [self.Step(s, start, [t], keep=1, ask=self.sampler.Draw(greedy, start + 1))
+            steps = [self.Step(s, start, [t], keep=1, ask=self.sampler.Draw(greedy))
                      for s, t in zip(sessions, tokens)]
             return [d.token for d in self.sampler.answer([s.ask for s in steps], self.runtime.extend_batch(steps))]
         steps = [self.Step(s, start, [t], keep=1) for s, t in zip(sessions, tokens)]

@@ -223,7 +223,7 @@ class DraftClient(WorkerClient):
         session's writer epoch (tandem.services.fencing); tree_widths: a token tree's (gamma deep)."""
         def encode(trace_context):
             return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths,
-                                        epoch)
+                                        epoch, ahead)
 
         attributes = {"tandem.draft_ahead": True} if ahead else None
         if tree_widths:

@@ -28,9 +28,10 @@ tandem.services.fencing), which stops this writer as a fenced commit would.
 
 A session's draft shape says what its cycles draft: a chain, a token tree γ deep (the session's
 tree widths per depth, then 1), or either, cycle by cycle, as the policy measures them ("auto").
-A tree's verdict comes back per node (tandem.math.tree.Verdict) and the loop walks it with its
-own counter-based uniforms. The verifier keeps the path it walked with the same uniforms; the
-draft worker keeps the committed tokens and is fed the path by its next call."""
+A block is accepted by its rule (tandem.rules): the session's verification for a chain, the tree
+rule for a token tree, whose verdict comes back per node and is walked with the loop's own
+counter-based uniforms. The verifier keeps the path it walked with the same uniforms; the draft
+worker keeps the committed tokens and is fed the path by its next call."""
 
 import asyncio
 import time
@@ -43,12 +44,10 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
-from tandem import tracing
+from tandem import rules, tracing
 from tandem.cpu import CpuMeter
 from tandem.math import tree
-from tandem.math.acceptance import accepted_jointly, count_accepted, output_tokens
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, node_uniforms, uniforms
 from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import Reply
 from tandem.orchestrator.policy import CycleCosts, GammaPolicy
@@ -224,15 +223,13 @@ class SpeculativeLoop:
                 ahead.cancel()
             raise
         verdict = verify.answer
-        # 4. Accept/reject with counter-based uniforms keyed by absolute position: token by token,
-        #    the block's prefix jointly where the verifier answered block verification's h, or a
-        #    token tree's path.
+        # 4. Accept/reject with counter-based uniforms keyed by absolute position, by the block's
+        #    rule (tandem.rules: the session's for a chain, a token tree's own).
         position = len(s.tokens)
-        if branched:
-            accepted, new, kept = _walk(s, proposal, verdict, position)
-        else:
-            accepted, new = _accept(s, proposal, verdict, position)
-            kept = accepted
+        if proposal:
+            accepted, new, kept = rules.of(s.verification, branched).accept(proposal, verdict, s.params.seed, position)
+        else:  # γ = 0: the target's next token
+            accepted, new, kept = 0, [verdict.bonus_token], 0
         new = self._truncate(s, new, remaining=s.max_tokens - s.generated)
         s.cache_lens["target"] = position + kept
         s.tokens.extend(new)
@@ -403,27 +400,6 @@ class SpeculativeLoop:
         if len(new) >= remaining:
             s.finish_reason = "length"
         return new[:remaining]
-
-
-def _accept(s: Session, proposal: Proposal | None, verdict, position: int) -> tuple[int, list[int]]:
-    """A chain's accepted count and output tokens."""
-    if not proposal:
-        return 0, [verdict.bonus_token]
-    u = uniforms(s.params.seed, position, len(proposal.draft_tokens), Purpose.ACCEPT)
-    if verdict.block_accept_probs:
-        accepted = accepted_jointly(verdict.block_accept_probs, u)
-    else:
-        accepted = count_accepted(proposal.draft_token_probs, verdict.target_token_probs, u)
-    return accepted, output_tokens(proposal.draft_tokens, accepted, verdict.recovered_tokens, verdict.bonus_token)
-
-
-def _walk(s: Session, proposal: Proposal, verdict, position: int) -> tuple[int, list[int], int]:
-    """A token tree's accepted path length, output tokens, and how many of the path the
-    verifier's cache holds: all of it when it kept the same path, else none."""
-    t = tree.Tree(tuple(proposal.draft_tokens), tuple(proposal.parents))
-    u = node_uniforms(s.params.seed, position, len(t), Purpose.TREE_ACCEPT)
-    path, token = tree.outcome(t, tree.Verdict(verdict.tree_accept_probs, verdict.tree_recovered_tokens), u)
-    return len(path), [t.tokens[i] for i in path] + [token], len(path) if verdict.kept_path == path else 0
 
 
 def _then(miss: Reply, retry: Reply) -> Reply:

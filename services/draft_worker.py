@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from tandem.math import tree
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, node_uniforms
+from tandem.math.rng import Purpose, cycle_uniforms
 from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import Step
@@ -17,25 +17,38 @@ from tandem.wire.validation import check_context, invalid
 
 def propose(
     session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-    step: type[Step] = Step,
+    step: type[Step] = Step, ahead: bool = False,
 ) -> Job:
     """The job (tandem.services.batching) that drafts gamma tokens after the committed
     sequence, one step per drafted token, each drawn with the round's others
     (tandem.services.sampler.Draw) → a Proposal. Raises CacheMiss. step: the kind of Step it
-    yields (the hybrid drafter marks those its model runs).
+    yields (the hybrid drafter marks those its model runs). ahead: the first drafted token
+    guesses a bonus token, and the block after it is keyed as its own cycle's.
 
     The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
     drafted token is never fed: the verifier may reject it).
     """
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    drawn = yield step(session_id, cache_len, tokens, keep=1, ask=Draw(params, position))
+    u = [] if params.greedy else draw_uniforms(params.seed, position, gamma, ahead)
+    drawn = yield step(session_id, cache_len, tokens, keep=1, ask=Draw(params, u[0] if u else 0.0))
     draws = [drawn]
     for i in range(1, gamma):
-        drawn = yield step(session_id, position + i - 1, [drawn.token], keep=1, ask=Draw(params, position + i))
+        drawn = yield step(session_id, position + i - 1, [drawn.token], keep=1,
+                           ask=Draw(params, u[i] if u else 0.0))
         draws.append(drawn)
     # Greedy drafts are one-hot: the verifier rebuilds them from the token ids alone.
     packed = [] if params.greedy else [d.distribution for d in draws]
     return wire.Proposal([d.token for d in draws], [d.prob for d in draws], packed, 0.0)
+
+
+def draw_uniforms(seed: int, position: int, gamma: int, ahead: bool = False) -> list[float]:
+    """The uniforms of a chain's γ draws from `position` on, keyed by the cycle they draft for
+    (tandem.math.rng): the one starting there, or when drafting ahead, the guess's own, then
+    the next cycle's from the position after it."""
+    if not ahead:
+        return cycle_uniforms(seed, position, gamma, Purpose.DRAFT)
+    return cycle_uniforms(seed, position, 1, Purpose.DRAFT) + cycle_uniforms(seed, position + 1, gamma - 1,
+                                                                           Purpose.DRAFT)
 
 
 def propose_tree(
@@ -54,7 +67,7 @@ def propose_tree(
     feeds it).
     """
     position = cache_len + len(tokens)  # absolute position of the depth-1 nodes
-    u = () if params.greedy else tuple(node_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT))
+    u = () if params.greedy else tuple(cycle_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT))
     feed = step(session_id, cache_len, tokens, keep=1)  # the root's row
     drafted, parents, token_probs, dists = [], [], [], []
     frontier = [-1]  # the nodes whose children this depth draws, one row of logits each
@@ -121,7 +134,8 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         """The job that answers a checked request, and how many probabilities it returns."""
         widths = list(request.tree_widths)
         args = (request.session_id, request.cache_len, list(request.tokens))
-        job = propose_tree(*args, widths, params) if is_tree(widths) else propose(*args, request.gamma, params)
+        job = (propose_tree(*args, widths, params) if is_tree(widths)
+               else propose(*args, request.gamma, params, ahead=request.ahead))
         return job, self.returned_probs(request, params)
 
     def returned_probs(self, request, params: SamplingParams) -> int:

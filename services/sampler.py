@@ -18,22 +18,22 @@ from typing import Any
 
 import torch
 
+from tandem import rules
 from tandem.math import tree as tree_math
 from tandem.math import tree_sampling
-from tandem.math.block import block_verdicts
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, node_uniforms, uniform, uniforms
-from tandem.math.sampling import residual, sample, warp_rows
+from tandem.math.rng import Purpose, cycle_uniforms, uniform, uniforms
+from tandem.math.sampling import sample, warp_rows
 from tandem.services import distributions
 
 
 @dataclass(frozen=True)
 class Draw:
-    """Draft one token from the step's row: its argmax (greedy), or a draw with the uniform of
-    the token's absolute position → `Drawn`."""
+    """Draft one token from the step's row: its argmax (greedy), or a draw with the uniform `u`
+    (tandem.math.rng: the drafting job keys it) → `Drawn`."""
 
     params: SamplingParams
-    position: int
+    u: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -63,15 +63,15 @@ class Branched:
 
 @dataclass(frozen=True)
 class Check:
-    """Verify a drafted chain from the step's γ+1 rows (the target after each drafted prefix):
-    token by token, or as a block (verification "block", sampled requests) → `Checked`.
+    """Verify a drafted chain from the step's γ+1 rows (the target after each drafted prefix)
+    by a chain rule (tandem.rules: token by token, or as a block) → `Checked`.
     draft_probs [γ, V]: the draft's distributions; None for one-hot drafts."""
 
     params: SamplingParams
     draft_tokens: tuple[int, ...]
     draft_probs: torch.Tensor | None
     position: int  # absolute position of the first drafted token
-    verification: str = "token"
+    rule: rules.ChainRule = rules.TOKEN
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Checked:
     target_token_probs: list[float]
     recovered_tokens: list[int]
     bonus_token: int
-    block_accept_probs: list[float]  # empty unless block verification of a sampled request
+    block_accept_probs: list[float]  # the rule's accept probabilities (block verification's h), else empty
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,7 @@ def _draws(asks: list[Draw], spans: list[range], values, rows: torch.Tensor, gre
     if greedy:  # warp's one-hot and its draw, without vocabulary-sized work
         return [Drawn(values[span[-1]], 1.0) for span in spans]
     probs = values.index_select(0, _index((span[-1] for span in spans), values))  # [A, V]
-    u = torch.tensor([uniform(a.params.seed, a.position, Purpose.DRAFT) for a in asks], dtype=torch.float64,
-                     device=probs.device)
+    u = torch.tensor([a.u for a in asks], dtype=torch.float64, device=probs.device)
     tokens = sample(probs, u)  # [A]
     token_probs = probs.gather(-1, tokens[:, None])[:, 0].tolist()
     packed = distributions.pack(probs)
@@ -190,30 +189,26 @@ def _checks(asks: list[Check], spans: list[range], values, rows: torch.Tensor, g
     draft = _draft_probs(asks, gammas, drafts, target.shape[-1])  # [P, V]
     u = [x for a, g in zip(asks, gammas) for x in uniforms(a.params.seed, a.position, g, Purpose.RECOVERED)]
     u = torch.tensor(u, dtype=torch.float64, device=device)  # [P]
-    is_block = [a.verification == "block" for a in asks]
     starts = [0, *itertools.accumulate(gammas)]
-    token_probs, recovered, h = [0.0] * len(drafts), [0] * len(drafts), [None] * len(drafts)
-    for mode in (False, True):
-        at = [i for a, b in enumerate(is_block) if b == mode for i in range(starts[a], starts[a + 1])]
-        if not at:
+    token_probs, recovered = [0.0] * len(drafts), [0] * len(drafts)
+    accept: list[list[float]] = [[] for _ in asks]  # per block: the rule's accept probabilities, if any
+    for rule in dict.fromkeys(a.rule for a in asks):  # each rule's verdicts over all of its blocks at once
+        mine = [b for b, a in enumerate(asks) if a.rule is rule]
+        at = [i for b in mine for i in range(starts[b], starts[b + 1])]
+        if not at:  # γ = 0 blocks: a bonus token only
             continue
         index = torch.tensor(at, dtype=torch.long, device=device)
-        t, d = target[index], draft[index]
-        if mode:  # block verification (tandem.math.block)
-            block_gammas = [g for g, b in zip(gammas, is_block) if b]
-            probs, accept, drawn = block_verdicts(t, drafts[index], d, block_gammas, u[index])
-            for i, x in zip(at, accept.tolist()):
-                h[i] = x
-        else:  # token by token: each position's residual (tandem.math.sampling.verify_block)
-            probs, drawn = t.gather(-1, drafts[index, None])[:, 0].float(), sample(residual(t, d), u[index])
+        mine_gammas = [gammas[b] for b in mine]
+        probs, drawn, h = rule.verdicts(target[index], drafts[index], draft[index], mine_gammas, u[index])
         for i, p, r in zip(at, probs.tolist(), drawn.tolist()):
             token_probs[i], recovered[i] = p, r
+        for b, block in zip(mine, _cut(h, mine_gammas) if h else ()):
+            accept[b] = block
     bonus_u = torch.tensor([uniform(a.params.seed, a.position + g, Purpose.BONUS) for a, g in zip(asks, gammas)],
                            dtype=torch.float64, device=device)
     after = values.index_select(0, _index((span[-1] for span in spans), values))  # [A, V]: the target after each block
     bonus = sample(after, bonus_u).tolist()
-    return [Checked(p, r, b, a if block else []) for p, r, b, a, block
-            in zip(_cut(token_probs, gammas), _cut(recovered, gammas), bonus, _cut(h, gammas), is_block)]
+    return [Checked(p, r, b, a) for p, r, b, a in zip(_cut(token_probs, gammas), _cut(recovered, gammas), bonus, accept)]
 
 
 def _draft_probs(asks: list[Check], gammas: list[int], drafts: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -233,15 +228,11 @@ def _draft_probs(asks: list[Check], gammas: list[int], drafts: torch.Tensor, voc
 
 def _check_trees(asks: list[CheckTree], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list:
     if greedy:
-        verdicts = [tree_math.greedy_verdict(a.tree, values[span[0]:span[-1] + 1]) for a, span in zip(asks, spans)]
-    else:
-        target = values.index_select(0, _index((r for span in spans for r in span), values))  # [N, V]
-        drafts = [a.draft_probs for a in asks if a.draft_probs is not None]
-        u = [node_uniforms(a.params.seed, a.position, len(a.tree) + 1, Purpose.TREE_RECOVERED) for a in asks]
-        verdicts = tree_sampling.verdicts([a.tree for a in asks], target, torch.cat(drafts) if drafts else None, u)
-    # As the wire carries them: the orchestrator walks with these float32 values.
-    rounded = torch.tensor([p for v in verdicts for p in v.accept_probs], dtype=torch.float32).tolist()
-    return [tree_math.Verdict(p, v.recovered) for p, v in zip(_cut(rounded, [len(a.tree) for a in asks]), verdicts)]
+        return [tree_math.greedy_verdict(a.tree, values[span[0]:span[-1] + 1]) for a, span in zip(asks, spans)]
+    target = values.index_select(0, _index((r for span in spans for r in span), values))  # [N, V]
+    drafts = [a.draft_probs for a in asks if a.draft_probs is not None]
+    u = [cycle_uniforms(a.params.seed, a.position, len(a.tree) + 1, Purpose.TREE_RECOVERED) for a in asks]
+    return rules.TREE.verdicts([a.tree for a in asks], target, torch.cat(drafts) if drafts else None, u)
 
 
 _HANDLERS = {Draw: _draws, Branch: _branches, Check: _checks, CheckTree: _check_trees}

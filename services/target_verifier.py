@@ -2,9 +2,9 @@
 
 import torch
 
+from tandem import rules
 from tandem.math import tree
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, node_uniforms
 from tandem.services import distributions
 from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
@@ -19,13 +19,13 @@ from tandem.wire.validation import check_context, check_token_ids, invalid
 
 def verify(
     session_id: str, cache_len: int, tokens: list[int], draft_tokens: list[int],
-    draft_probs: torch.Tensor | None, params: SamplingParams, verification: str = "token",
+    draft_probs: torch.Tensor | None, params: SamplingParams, rule: rules.ChainRule = rules.TOKEN,
 ) -> Job:
     """The job (tandem.services.batching) that checks a draft block in one step, with the
     round's others (tandem.services.sampler.Check) → a Verification. draft_probs [γ, V], or None
-    for one-hot drafts. Raises CacheMiss. With verification "block" (and a sampled request) the
-    answer carries block verification's h and recovered tokens from its residuals; greedy, both
-    modes are the same.
+    for one-hot drafts. Raises CacheMiss. A sampled request's answer is its rule's (tandem.rules:
+    block verification's carries h, and recovered tokens from its residuals); greedy, every chain
+    rule is the same.
 
     The cache ends holding the committed tokens and the whole draft block; the orchestrator's
     next cache_len crops the rejected part away.
@@ -33,7 +33,7 @@ def verify(
     gamma = len(draft_tokens)
     position = cache_len + len(tokens)  # absolute position of the first drafted token
     checked = yield Step(session_id, cache_len, tokens + draft_tokens, keep=gamma + 1,
-                         ask=Check(params, tuple(draft_tokens), draft_probs, position, verification))
+                         ask=Check(params, tuple(draft_tokens), draft_probs, position, rule))
     return wire.Verification(checked.target_token_probs, checked.recovered_tokens, checked.bonus_token, 0.0,
                              block_accept_probs=checked.block_accept_probs)
 
@@ -56,7 +56,7 @@ def verify_tree(
     parents = tuple(range(-1, m - 1)) + tuple(p + m if p >= 0 else m - 1 for p in draft.parents)
     verdict = yield Step(session_id, cache_len, tokens + list(draft.tokens), keep=n + 1, parents=parents,
                          ask=CheckTree(params, draft, draft_probs, position))
-    path = tree.walk(draft, verdict.accept_probs, node_uniforms(params.seed, position, n, Purpose.TREE_ACCEPT))
+    path = rules.TREE.path(draft, verdict.accept_probs, params.seed, position)  # the orchestrator's walk
     kept = yield KeepPath(session_id, position, path)
     return wire.Verification([], [], 0, 0.0, tree_accept_probs=verdict.accept_probs,
                              tree_recovered_tokens=verdict.recovered, kept_path=path if kept else [])
@@ -76,7 +76,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
         check_context("draft_tokens", end, info.max_context)
         params = self.check_sampling(request.sampling)
         try:
-            verification = verification_mode_from_pb(request.verification) or "token"
+            rule = rules.CHAIN_RULES[verification_mode_from_pb(request.verification) or "token"]
         except ValueError as e:
             raise invalid("verification", str(e)) from None
         draft = _tree(request)
@@ -93,7 +93,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 return verify_tree(*args, draft, draft_probs, params)
         else:
             def make(draft_probs):
-                return verify(*args, list(request.draft_tokens), draft_probs, params, verification)
+                return verify(*args, list(request.draft_tokens), draft_probs, params, rule)
         job = _decoding(make, request.draft_distributions, info.vocab_size)
         return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tandem import rules
 from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp
 from tandem.math.tree import Tree
@@ -265,7 +266,7 @@ def test_a_round_of_every_kind_of_ask_gives_each_job_its_own_answer(model_dir):
             tree_probs = None if p.greedy else warp(torch.randn(3, VOCAB, generator=gen), p)
             out += [propose(f"c{i}", 0, context, 4, p), propose_tree(f"t{i}", 0, context, [2, 2], p),
                     verify(f"v{i}", 0, context, drafts, draft_probs, p),
-                    verify(f"b{i}", 0, context, drafts, draft_probs, p, "block"),
+                    verify(f"b{i}", 0, context, drafts, draft_probs, p, rules.BLOCK),
                     verify_tree(f"r{i}", 0, context, Tree(tuple(prompt(5, seed=80 + i)), parents), tree_probs, p)]
         return out
 
@@ -285,3 +286,15 @@ def test_a_round_of_every_kind_of_ask_gives_each_job_its_own_answer(model_dir):
             assert getattr(b, name, None) == getattr(a, name, None), name
         for name in ["draft_token_probs", "target_token_probs", "block_accept_probs", "tree_accept_probs"]:
             np.testing.assert_allclose(getattr(b, name, []), getattr(a, name, []), atol=1e-5)
+
+
+def test_a_draft_ahead_drafts_the_block_a_call_from_after_its_guess_would(model_dir):
+    """A chain's draws are keyed per cycle (tandem.math.rng): past its guess of the bonus token, a
+    draft-ahead call draws what a call drafting from the position after the guess draws."""
+    runtime, params = ModelRuntime(model_dir), SamplingParams(temperature=1.0, seed=5)
+    committed = prompt(9, 70)
+    ahead = run_alone(runtime, propose("ahead", 0, committed, 4, params, ahead=True))
+    fresh = run_alone(runtime, propose("fresh", 0, committed + ahead.draft_tokens[:1], 3, params))
+    assert ahead.draft_tokens[1:] == fresh.draft_tokens
+    plain = run_alone(runtime, propose("plain", 0, committed, 4, params))
+    assert plain.draft_tokens[0] == ahead.draft_tokens[0]  # the guess: drawn as the cycle's own first token

@@ -3,6 +3,7 @@
     tandem.math (pure; only its `sampling`, `block` and `tree_sampling` use torch)
       ↑
     tandem.wire (the codec and validation every side shares) ← the SDK (tandem, client, errors)
+    tandem.rules (the verification rules: both halves; torch only inside a worker half)
       ↑
     tandem.services (workers)        tandem.orchestrator (reaches workers only over gRPC)
       ↑                                ↑
@@ -95,6 +96,23 @@ def test_the_math_is_the_bottom_layer_and_only_the_workers_half_uses_torch():
             if module in ("tandem.math.sampling", "tandem.math.block", "tandem.math.tree_sampling") and top == "torch":
                 continue
             assert top in sys.stdlib_module_names or _in(name, "tandem.math"), f"{module} imports {name}"
+
+
+def test_a_rule_loads_torch_only_inside_its_worker_half():
+    """The orchestrator imports every rule: a rule module's own imports (its functions' aside)
+    are the pure math's and the wire's types."""
+    for module, path in MODULES.items():
+        if not _in(module, "tandem.rules"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top_level if isinstance(n, ast.Import) for a in n.names} | {
+            n.module for n in top_level if isinstance(n, ast.ImportFrom)}
+        for name in names:
+            assert name.split(".")[0] in sys.stdlib_module_names or (
+                _in(name, "tandem.math", "tandem.rules") and not _in(
+                    name, "tandem.math.sampling", "tandem.math.block", "tandem.math.tree_sampling")
+            ), f"{module} imports {name} at its top"
 
 
 def test_workers_and_orchestrator_meet_only_on_the_wire():

@@ -11,7 +11,7 @@ import torch
 
 from tandem.math import tree, tree_sampling
 from tandem.math.params import SamplingParams
-from tandem.math.rng import Purpose, node_uniforms
+from tandem.math.rng import Purpose, cycle_uniforms
 from tandem.services import distributions, draft_worker, target_verifier
 from tandem.services.runtime import HFPass, ModelRuntime
 from tandem.services.server import start_server
@@ -164,11 +164,11 @@ def test_sampled_tree_verify_answers_rrsw_on_the_targets_distributions(stubs, hf
                           for n in range(-1, len(t))])  # [n+1, V]
     draft = distributions.unpack(p.draft_distributions, VOCAB)
     position = len(context)
-    expected = tree_sampling.verdict(t, target, draft, node_uniforms(SAMPLED.seed, position, len(t) + 1,
+    expected = tree_sampling.verdict(t, target, draft, cycle_uniforms(SAMPLED.seed, position, len(t) + 1,
                                                             Purpose.TREE_RECOVERED))
     assert v.tree_accept_probs == pytest.approx(expected.accept_probs, abs=1e-5)
     assert v.tree_recovered_tokens == expected.recovered
-    path = tree.walk(t, v.tree_accept_probs, node_uniforms(SAMPLED.seed, position, len(t), Purpose.TREE_ACCEPT))
+    path = tree.walk(t, v.tree_accept_probs, cycle_uniforms(SAMPLED.seed, position, len(t), Purpose.TREE_ACCEPT))
     assert v.kept_path == path
     committed = context + [t.tokens[i] for i in path] + [v.tree_recovered_tokens[path[-1] + 1 if path else 0]]
     assert_continues(stubs["target"], hf["target"], "sampled", position + len(path), committed)

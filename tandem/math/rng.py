@@ -3,22 +3,31 @@
 A replayed cycle draws the same numbers, so a session resumed from Redis continues exactly as
 it would have, on any replica. Each pre-drawn token has its own purpose, so the numbers that
 decide one event never correlate with those of another (the exactness argument needs that).
+
+Nor may a later cycle read a number that an earlier cycle's outcome depended on. Block
+verification's outcome depends on every drafted token of its block and every accept test
+(tandem.math.block: τ is the largest passing position), past the tokens it outputs; the next
+cycle drafts and tests those same positions again. So the draws and accept tests of a drafted
+block, chain or tree, are keyed per cycle (`cycle_uniforms`: the cycle's first drafted position,
+then the index in the block), and a later cycle never meets them. The verifier's pre-drawn
+tokens are keyed by absolute position (`uniforms`): a cycle uses only the one at its outcome,
+and every later cycle starts past it.
 """
 
 from enum import IntEnum
 
 _MASK = (1 << 64) - 1
-TREE_NODES = 128  # keys per tree position: a tree's n nodes and its n + 1 rows fit
+TREE_NODES = 128  # keys per cycle: a chain's drafted tokens, a tree's n nodes and its n + 1 rows fit
 
 
 class Purpose(IntEnum):
     """What a uniform is drawn for; part of its key."""
 
-    DRAFT = 1  # the draft worker samples a drafted token
-    ACCEPT = 2  # the orchestrator's accept test u < target_prob / draft_prob
+    DRAFT = 1  # the draft worker samples a chain's drafted token (keyed per cycle)
+    ACCEPT = 2  # the orchestrator's accept test of a chain's drafted token (keyed per cycle)
     RECOVERED = 3  # the verifier samples the recovered token from the residual
     BONUS = 4  # the verifier samples the bonus token from the target
-    # Token trees (tandem.math.tree), keyed per node by node_uniforms: a node's draw from its
+    # Token trees (tandem.math.tree), keyed per node by cycle_uniforms: a node's draw from its
     # parent's draft distribution, its accept test, and a row's residual (or leaf's bonus) draw.
     TREE_DRAFT = 5
     TREE_ACCEPT = 6
@@ -43,9 +52,10 @@ def uniforms(seed: int, start: int, count: int, purpose: Purpose) -> list[float]
     return [uniform(seed, start + i, purpose) for i in range(count)]
 
 
-def node_uniforms(seed: int, position: int, count: int, purpose: Purpose) -> list[float]:
-    """Uniforms for the first `count` nodes (or rows) of a token tree whose depth-1 nodes sit at
-    absolute position `position`: keys position · TREE_NODES + i, disjoint from every other tree's."""
+def cycle_uniforms(seed: int, position: int, count: int, purpose: Purpose) -> list[float]:
+    """Uniforms for the first `count` drafted tokens of a cycle (a chain's, or a token tree's
+    nodes or rows) whose first drafted token sits at absolute position `position`: keys
+    position · TREE_NODES + i, disjoint from every other cycle's (each starts at another position)."""
     if count > TREE_NODES:
-        raise ValueError(f"a tree has at most {TREE_NODES} keys per purpose, asked for {count}")
+        raise ValueError(f"a cycle has at most {TREE_NODES} keys per purpose, asked for {count}")
     return [uniform(seed, position * TREE_NODES + i, purpose) for i in range(count)]

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context", "tree_widths", "writer_epoch")
+    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context", "tree_widths", "writer_epoch", "ahead")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class ProposeRequest(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     TREE_WIDTHS_FIELD_NUMBER: _ClassVar[int]
     WRITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -32,7 +33,8 @@ class ProposeRequest(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     tree_widths: _containers.RepeatedScalarFieldContainer[int]
     writer_epoch: int
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ...) -> None: ...
+    ahead: bool
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., ahead: _Optional[bool] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching", "draft_parents")

@@ -1,0 +1,53 @@
+"""Token-tree verification (tandem.math.tree): the target scores every node in one pass, and the
+walk from the root descends to the first child that passes its test, while there is one.
+
+Greedy, a node passes when it holds its parent's argmax; sampled, by recursive rejection
+sampling without replacement (tandem.math.tree_sampling has the algorithm and why it is exact).
+The verifier answers per node its accept probability and per row its pre-drawn token
+(Purpose.TREE_RECOVERED); the orchestrator walks with its own per-node uniforms
+(Purpose.TREE_ACCEPT). The verifier walks with the same uniforms too (`path`), to keep the
+path's keys and values in its cache: what the orchestrator's next call finds there.
+"""
+
+from tandem.math import tree
+from tandem.math.rng import Purpose, cycle_uniforms
+from tandem.rules.base import Outcome, Rule
+
+
+class TreeRule(Rule):
+    name = "tree"
+
+    @staticmethod
+    def path(draft: tree.Tree, accept_probs: list[float], seed: int, position: int) -> list[int]:
+        """The nodes the walk accepts: both halves walk with these uniforms."""
+        return tree.walk(draft, accept_probs, cycle_uniforms(seed, position, len(draft), Purpose.TREE_ACCEPT))
+
+    def accept(self, proposal, verification, seed: int, position: int) -> Outcome:
+        """A tree's outcome; the verifier's cache holds the path only when it kept the same one."""
+        draft = tree.Tree(tuple(proposal.draft_tokens), tuple(proposal.parents))
+        path = self.path(draft, verification.tree_accept_probs, seed, position)
+        token = verification.tree_recovered_tokens[path[-1] + 1 if path else 0]
+        kept = len(path) if verification.kept_path == path else 0
+        return Outcome(len(path), [draft.tokens[i] for i in path] + [token], kept)
+
+    @staticmethod
+    def verdicts(trees: list[tree.Tree], target_probs, draft_probs, u_recovered: list[list[float]],
+                 ) -> list[tree.Verdict]:
+        """The worker half for several sampled trees at once: target_probs [N, V], every tree's
+        n + 1 rows, tree after tree; draft_probs [E, V] at every expanded node (None: no tree has
+        one); u_recovered, per tree, one uniform per row. Accept probabilities come rounded to
+        float32, as the wire carries them: the orchestrator walks with those values."""
+        import torch  # the worker half only
+
+        from tandem.math import tree_sampling
+
+        verdicts = tree_sampling.verdicts(trees, target_probs, draft_probs, u_recovered)
+        rounded = torch.tensor([p for v in verdicts for p in v.accept_probs], dtype=torch.float32).tolist()
+        out, at = [], 0
+        for v in verdicts:
+            out.append(tree.Verdict(rounded[at:at + len(v.accept_probs)], v.recovered))
+            at += len(v.accept_probs)
+        return out
+
+
+TREE = TreeRule()
