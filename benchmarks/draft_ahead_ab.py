@@ -20,10 +20,11 @@ from pathlib import Path
 from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
-from tandem.orchestrator.cycle import Session, SpeculativeLoop
+from tandem.orchestrator.cycle import SpeculativeLoop
 from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.redis_server import EmbeddedRedis
-from tandem.orchestrator.store import SessionRecord, SessionStore
+from tandem.orchestrator.session import Request, Session
+from tandem.orchestrator.store import SessionStore
 from tandem.suitability import load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,9 +42,9 @@ async def measure(addresses: dict, redis_url: str, prompts: list[list[int]], gam
         order.shuffle(modes)
         for gamma, on in modes:
             n += 1
-            s = Session(f"ab-{n}", SamplingParams(temperature=temperature, seed=i), list(prompt), len(prompt),
-                        MAX_TOKENS, GammaPolicy(), fixed_gamma=gamma)
-            await store.create(SessionRecord(s.session_id, {}, len(prompt), list(prompt), 0, {}, {}, {}, "running"))
+            request = Request(SamplingParams(temperature=temperature, seed=i), len(prompt), MAX_TOKENS, gamma)
+            s = Session(f"ab-{n}", request, list(prompt), GammaPolicy())
+            await store.create(s)
             start, tokens = time.perf_counter(), 0
             async for out in loops[on].run(s):
                 tokens += len(out.tokens)

@@ -36,7 +36,7 @@ worker keeps the committed tokens and is fed the path by its next call."""
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import grpc
@@ -47,13 +47,13 @@ from opentelemetry.trace import SpanKind
 from tandem import rules, tracing
 from tandem.cpu import CpuMeter
 from tandem.math import tree
-from tandem.math.params import SamplingParams
 from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import Reply
-from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+from tandem.orchestrator.policy import CycleCosts
 from tandem.orchestrator.pool import WorkerPool
+from tandem.orchestrator.session import Session
 from tandem.orchestrator.store import Fenced, SessionStore
-from tandem.wire.generation import CycleStats, Stats
+from tandem.wire.generation import CycleStats
 from tandem.wire.worker import Proposal
 
 # A worker call failing with these moves the session to another worker of the pool.
@@ -69,37 +69,6 @@ class NoWorker(Exception):
 
     def __reduce__(self):  # picklable, so it crosses Ray's process boundary intact
         return NoWorker, (self.kind, self.waited_s)
-
-
-@dataclass
-class Session:
-    """A session's live state, mirrored to Redis after every cycle."""
-
-    session_id: str
-    params: SamplingParams
-    tokens: list[int]  # committed sequence, prompt first
-    prompt_len: int
-    max_tokens: int
-    policy: GammaPolicy
-    fixed_gamma: int | None = None  # None: adaptive
-    verification: str = "token"  # how drafted blocks are accepted: "token" or "block" (tandem.math.block)
-    draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto" (the module's docstring)
-    tree_widths: tuple[int, ...] = (2, 2)  # a tree's children per node at depths 1, 2, …, then 1
-    owner: str = ""  # this writer's id: the store commits only its cycles
-    epoch: int = 1  # this writer's epoch (the store's claims of the session): workers run no older one's calls
-    cycle: int = 0
-    # By pool ("draft", "target"): the session's worker, and how many committed tokens it is
-    # believed to hold (a hint: it may have evicted or lost them).
-    workers: dict = field(default_factory=lambda: {"draft": None, "target": None})
-    cache_lens: dict = field(default_factory=lambda: {"draft": 0, "target": 0})
-    used: set = field(default_factory=set)  # (pool, address) of every worker that took its calls
-    finish_reason: str = ""
-    started: float = 0.0  # perf_counter() when the generation began (earlier than now on a resume)
-    stats: Stats = field(default_factory=Stats)
-
-    @property
-    def generated(self) -> int:
-        return len(self.tokens) - self.prompt_len
 
 
 class _FirstCall(NamedTuple):
@@ -178,9 +147,9 @@ class SpeculativeLoop:
     @staticmethod
     def _tree_widths(s: Session, gamma: int) -> tuple[int, ...]:
         """The tree a drafting cycle of depth γ drafts, or () for a chain."""
-        if s.draft_shape == "chain" or (s.draft_shape == "auto" and not s.policy.choose_tree()):
+        if s.request.draft_shape == "chain" or (s.request.draft_shape == "auto" and not s.policy.choose_tree()):
             return ()
-        return tree.widths_at(s.tree_widths, gamma)
+        return tree.widths_at(s.request.tree_widths, gamma)
 
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
@@ -188,10 +157,10 @@ class SpeculativeLoop:
         first token comes from the target's prefill alone: a block drafted before it would make
         the caller wait for the draft's prefill and γ steps too (queued behind every other
         session's at load), and the draft prefills with its first block in the next cycle."""
-        if not self.drafts.available() or (s.fixed_gamma is None and generated == 0):
+        if not self.drafts.available() or (s.request.gamma is None and generated == 0):
             return 0
-        wanted = s.fixed_gamma if s.fixed_gamma is not None else s.policy.choose()
-        return max(0, min(wanted, s.max_tokens - generated - 1))
+        wanted = s.request.gamma if s.request.gamma is not None else s.policy.choose()
+        return max(0, min(wanted, s.request.max_tokens - generated - 1))
 
     async def cycle(self, s: Session, call: "_FirstCall", parent: Context | None = None,
                     ) -> tuple[CycleOutput, "_FirstCall | None"]:
@@ -227,10 +196,11 @@ class SpeculativeLoop:
         #    rule (tandem.rules: the session's for a chain, a token tree's own).
         position = len(s.tokens)
         if proposal:
-            accepted, new, kept = rules.of(s.verification, branched).accept(proposal, verdict, s.params.seed, position)
+            rule = rules.of(s.request.verification, branched)
+            accepted, new, kept = rule.accept(proposal, verdict, s.params.seed, position)
         else:  # γ = 0: the target's next token
             accepted, new, kept = 0, [verdict.bonus_token], 0
-        new = self._truncate(s, new, remaining=s.max_tokens - s.generated)
+        new = self._truncate(s, new, remaining=s.request.max_tokens - s.generated)
         s.cache_lens["target"] = position + kept
         s.tokens.extend(new)
         s.cycle += 1
@@ -274,7 +244,7 @@ class SpeculativeLoop:
         tokens. None when the next cycle would not draft."""
         gamma = len(proposal.draft_tokens)
         after = s.generated + gamma + 1  # tokens generated should the whole block and a bonus land
-        next_gamma = self._gamma(s, after) if after < s.max_tokens else 0
+        next_gamma = self._gamma(s, after) if after < s.request.max_tokens else 0
         worker = self.drafts.get(s.workers["draft"])
         if not next_gamma or worker is None:
             return None
@@ -308,12 +278,10 @@ class SpeculativeLoop:
         """Append the cycle's tokens, its stats and the session's state in one atomic, fenced
         script → milliseconds."""
         start = time.perf_counter()
-        state = {"policy": s.policy.to_dict(), "cache_lens": s.cache_lens, "workers": s.workers,
-                 "status": s.finish_reason or "running", "ttft_s": s.stats.ttft_s}
         with tracing.span("redis commit", parent, kind=SpanKind.CLIENT,
                           attributes={"db.system": "redis", "db.operation.name": "EVALSHA"}):
             previous = s.stats.per_cycle[-1].redis_ms if s.stats.per_cycle else 0.0
-            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, state, previous)
+            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, s.progress(), previous)
         return (time.perf_counter() - start) * 1e3
 
     async def _propose(self, s: Session, gamma: int, parent: Context,
@@ -339,7 +307,7 @@ class SpeculativeLoop:
 
         def call(client, cache_len: int, tokens: list[int]):
             return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, epoch=s.epoch,
-                                 verification=s.verification)
+                                 verification=s.request.verification)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:

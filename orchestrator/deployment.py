@@ -29,17 +29,17 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from ray import serve
 
 from tandem import tracing
-from tandem.math.params import SamplingParams
 from tandem.orchestrator import metrics
 from tandem.orchestrator.auth import authorize
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
-from tandem.orchestrator.cycle import FAILOVER_CODES, NoWorker, Session, SpeculativeLoop
+from tandem.orchestrator.cycle import FAILOVER_CODES, NoWorker, SpeculativeLoop
 from tandem.orchestrator.detokenizer import IncrementalDetokenizer, resumed
 from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.pool import WorkerPool
-from tandem.orchestrator.requests import Limits, ResolvedRequest, resolve
-from tandem.orchestrator.store import FINISHED, Fenced, SessionRecord, SessionStore, StoreUnavailable
+from tandem.orchestrator.requests import Limits, resolve
+from tandem.orchestrator.session import Session, SessionRecord
+from tandem.orchestrator.store import FINISHED, Fenced, SessionStore, StoreUnavailable
 from tandem.wire import generation as wire
 from tandem.wire.validation import FieldError, check_session_id
 
@@ -94,7 +94,7 @@ class GenerationService:
         draft_info = await self.drafts.describe(min(5.0, self.config.worker_timeout_s)) or target_info
         self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
                                 self.config.max_tokens_cap, self.config.default_max_tokens, self.config.verification,
-                                self.config.draft_shape)
+                                self.config.draft_shape, self.config.tree_widths)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s)
         self.model = Path(target_info.model).name  # gen_ai.request.model: the target's name
@@ -177,27 +177,11 @@ class GenerationService:
     async def _start(self, request) -> Session:
         await self._connect_or_refuse()
         decoded = wire.generation_request_from_pb(request)
-        resolved = await asyncio.get_running_loop().run_in_executor(
+        prompt, resolved = await asyncio.get_running_loop().run_in_executor(
             self._tokenizing, resolve, decoded, self.limits, self.tokenizer)
-        session = self._new_session(resolved)
-        p = resolved.params
-        await self.store.create(SessionRecord(
-            session.session_id,
-            {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
-             "max_tokens": resolved.max_tokens, "gamma": resolved.gamma, "verification": resolved.verification,
-             "draft_shape": resolved.draft_shape, "tree_widths": list(session.tree_widths)},
-            session.prompt_len, session.tokens, policy=session.policy.to_dict(), workers=session.workers,
-            cache_lens=session.cache_lens, owner=session.owner, epoch=session.epoch,
-        ))
+        session = Session(uuid.uuid4().hex, resolved, list(prompt), self._policy.for_session(), owner=_writer())
+        await self.store.create(session)
         return session
-
-    def _new_session(self, r: ResolvedRequest) -> Session:
-        return Session(
-            session_id=uuid.uuid4().hex, params=r.params, tokens=list(r.prompt_token_ids),
-            prompt_len=len(r.prompt_token_ids), max_tokens=r.max_tokens,
-            policy=self._policy.for_session(), fixed_gamma=r.gamma, owner=_writer(),
-            verification=r.verification, draft_shape=r.draft_shape, tree_widths=self.config.tree_widths,
-        )
 
     async def _connect_or_refuse(self) -> None:
         try:
@@ -247,16 +231,11 @@ class GenerationService:
         if from_index > len(record.generated):
             raise FieldError(grpc.StatusCode.OUT_OF_RANGE, "from_index",
                              f"{from_index} is past the {len(record.generated)} tokens committed")
-        p = record.params
         finished = record.status in FINISHED
         session = Session(
-            session_id, SamplingParams(p["temperature"], p["top_k"], p["top_p"], p["seed"]), list(record.tokens),
-            record.prompt_len, p["max_tokens"], self._policy.for_session(record.policy), fixed_gamma=p["gamma"],
-            owner=owner, epoch=record.epoch,
-            verification=p.get("verification", "token"),  # a record written before block verification
-            draft_shape=p.get("draft_shape", "chain"), tree_widths=tuple(p.get("tree_widths", ())),  # before trees
-            cycle=record.cycle, workers={"draft": None, "target": None} | record.workers,
-            cache_lens={"draft": 0, "target": 0} | record.cache_lens, finish_reason=record.status if finished else "",
+            session_id, record.request, list(record.tokens), self._policy.for_session(record.acceptance), owner=owner,
+            epoch=record.epoch, cycle=record.cycle, workers=dict(record.workers), cache_lens=dict(record.cache_lens),
+            finish_reason=record.status if finished else "",
             used={(kind, address) for kind, address in record.workers.items() if address},  # freed at the end
             started=time.perf_counter() - max(0.0, time.time() - record.created_s),
         )
@@ -365,15 +344,16 @@ def _refuse(grpc_context, span, e: BaseException) -> None:
 
 def _describe(span, operation: str, session: Session, model: str) -> None:
     """The request span's OpenTelemetry GenAI attributes (semantic conventions v1.36.0)."""
-    p = session.params
+    r = session.request
+    p = r.params
     span.update_name(f"{operation} {model}")
     span.set_attributes({
         "gen_ai.request.model": model, "gen_ai.request.temperature": p.temperature,
         "gen_ai.request.top_p": p.top_p, "gen_ai.request.top_k": p.top_k,
-        "gen_ai.request.max_tokens": session.max_tokens,
-        "gen_ai.usage.input_tokens": session.prompt_len, "gen_ai.response.id": session.session_id,
-        "tandem.gamma": "adaptive" if session.fixed_gamma is None else str(session.fixed_gamma),
-        "tandem.verification": session.verification, "tandem.draft_shape": session.draft_shape,
+        "gen_ai.request.max_tokens": r.max_tokens,
+        "gen_ai.usage.input_tokens": r.prompt_len, "gen_ai.response.id": session.session_id,
+        "tandem.gamma": "adaptive" if r.gamma is None else str(r.gamma),
+        "tandem.verification": r.verification, "tandem.draft_shape": r.draft_shape,
     })
     if p.seed < 2**63:  # OTLP integers are int64; a client's seed may use all 64 bits
         span.set_attribute("gen_ai.request.seed", p.seed)

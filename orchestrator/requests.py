@@ -1,5 +1,6 @@
-"""Validation at the edge: a decoded GenerateRequest becomes a fully resolved request, or a
-FieldError naming the field and the gRPC status to answer with."""
+"""Validation at the edge: a decoded GenerateRequest becomes a fully resolved request (a
+session's frozen `Request` and its prompt's token ids), or a FieldError naming the field and
+the gRPC status to answer with."""
 
 import secrets
 from dataclasses import dataclass
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 import grpc
 
 from tandem.math.params import SamplingParams
+from tandem.orchestrator.session import Request
 from tandem.wire.generation import GenerationRequest
 from tandem.wire.validation import FieldError, check_sampling, check_token_ids, invalid, out_of_range
 from tandem.wire.worker import ModelInfo
@@ -25,6 +27,7 @@ class Limits:
     default_max_tokens: int
     default_verification: str  # for a request that does not say
     default_draft_shape: str = "chain"  # likewise
+    tree_widths: tuple[int, ...] = (2, 2)  # every request's trees
 
     @property
     def max_prompt_chars(self) -> int:
@@ -34,22 +37,15 @@ class Limits:
 
     @classmethod
     def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
-           default_max_tokens: int, default_verification: str, default_draft_shape: str = "chain") -> "Limits":
+           default_max_tokens: int, default_verification: str, default_draft_shape: str = "chain",
+           tree_widths: tuple[int, ...] = (2, 2)) -> "Limits":
         return cls(min(draft.vocab_size, target.vocab_size), min(draft.max_context, target.max_context),
-                   max_gamma, max_tokens_cap, default_max_tokens, default_verification, default_draft_shape)
+                   max_gamma, max_tokens_cap, default_max_tokens, default_verification, default_draft_shape,
+                   tree_widths)
 
 
-@dataclass(frozen=True)
-class ResolvedRequest:
-    prompt_token_ids: list[int]
-    max_tokens: int
-    params: SamplingParams
-    gamma: int | None  # None: adaptive
-    verification: str  # how drafted blocks are accepted: "token" or "block"
-    draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto"
-
-
-def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedRequest:
+def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> tuple[list[int], Request]:
+    """→ the prompt's token ids and the session's request."""
     prompt = _prompt_ids(req, limits, tokenizer)
     room = limits.max_context - len(prompt)
     if room < 1:
@@ -73,9 +69,9 @@ def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> ResolvedReques
             raise invalid("gamma", f"must be >= 0 (or unset for adaptive), got {req.gamma}")
         if req.gamma > limits.max_gamma:
             raise out_of_range("gamma", f"at most {limits.max_gamma}, got {req.gamma}")
-    return ResolvedRequest(prompt, max_tokens, SamplingParams(temperature, top_k, top_p, seed), req.gamma,
+    return prompt, Request(SamplingParams(temperature, top_k, top_p, seed), len(prompt), max_tokens, req.gamma,
                            req.verification or limits.default_verification,
-                           req.draft_shape or limits.default_draft_shape)
+                           req.draft_shape or limits.default_draft_shape, limits.tree_widths)
 
 
 def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:

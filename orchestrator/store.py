@@ -1,8 +1,9 @@
 """Sessions in Redis, the source of truth.
 
 Per session three keys, all with a TTL:
-- `tandem:session:{id}` (hash): request parameters, seed, cycle counter, γ-policy state, worker
-  assignment and the workers' cache lengths, status, owner, creation time, TTFT;
+- `tandem:session:{id}` (hash): the request, frozen, and the session's progress (cycle counter,
+  status, owner and writer epoch, workers and their cache lengths, the γ policy's acceptance,
+  TTFT), in named fields (tandem.orchestrator.session has the codec);
 - `tandem:session:{id}:tokens` (string): the committed sequence, prompt first, as
   little-endian int32, only ever APPENDed;
 - `tandem:session:{id}:cycle_stats` (string): each committed cycle's counts and time split,
@@ -31,13 +32,12 @@ certificate is always verified, and for the URL's host unless `ssl_check_hostnam
 """
 
 import asyncio
-import json
 import logging
 import os
 import ssl
 import struct
 import time
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
@@ -46,6 +46,7 @@ from redis.exceptions import AuthenticationError, NoScriptError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tandem.orchestrator.session import Session, SessionRecord
 from tandem.orchestrator.turns import Turn
 from tandem.wire.generation import CycleStats
 
@@ -171,48 +172,10 @@ def unpack_cycles(packed: bytes) -> list[CycleStats]:
     return [CycleStats(*values) for values in _CYCLE.iter_unpack(packed)]
 
 
-@dataclass
-class SessionRecord:
-    """What Redis holds of a session (tokens are the committed sequence, prompt included)."""
-
-    session_id: str
-    params: dict  # sampling parameters, max_tokens, requested gamma
-    prompt_len: int
-    tokens: list[int]
-    cycle: int = 0
-    policy: dict = field(default_factory=dict)
-    workers: dict = field(default_factory=dict)  # {"draft": address, "target": address}: hints
-    cache_lens: dict = field(default_factory=dict)  # {"draft": n, "target": n}: soft hints
-    status: str = "running"  # running, abandoned, unavailable (all resumable); stop, length
-    owner: str = ""  # the writer allowed to commit
-    epoch: int = 1  # its writer epoch: 1 for the writer that created it, one more per claim
-    created_s: float = 0.0  # wall clock (epoch seconds) when the session began
-    ttft_s: float = 0.0
-    per_cycle: list[CycleStats] = field(default_factory=list)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
-
-
-_JSON_FIELDS = ("params", "policy", "workers", "cache_lens")
-
-
-def _encode(values: dict) -> dict:
-    return {k: json.dumps(v) if k in _JSON_FIELDS else v for k, v in values.items()}
-
-
 def _record(session_id: str, meta: dict, packed_tokens: bytes, packed_cycles: bytes) -> SessionRecord:
     meta = {(k.decode() if isinstance(k, bytes) else k): v.decode() for k, v in meta.items()}
-    return SessionRecord(
-        session_id=session_id, params=json.loads(meta["params"]), prompt_len=int(meta["prompt_len"]),
-        tokens=np.frombuffer(packed_tokens, dtype="<i4").tolist(), cycle=int(meta["cycle"]),
-        policy=json.loads(meta["policy"]), workers=json.loads(meta["workers"]),
-        cache_lens=json.loads(meta["cache_lens"]), status=meta["status"], owner=meta.get("owner", ""),
-        epoch=int(meta.get("epoch", 0)),
-        created_s=float(meta.get("created_s", 0)), ttft_s=float(meta.get("ttft_s", 0)),
-        per_cycle=unpack_cycles(packed_cycles),
-    )
+    return SessionRecord.of(session_id, meta, np.frombuffer(packed_tokens, dtype="<i4").tolist(),
+                            unpack_cycles(packed_cycles))
 
 
 class SessionStore:
@@ -252,18 +215,16 @@ class SessionStore:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.2)  # a restarted Redis answers within a few ms
 
-    async def create(self, record: SessionRecord) -> None:
-        meta = _encode({"params": record.params, "prompt_len": record.prompt_len, "cycle": record.cycle,
-                        "policy": record.policy, "workers": record.workers, "cache_lens": record.cache_lens,
-                        "status": record.status, "owner": record.owner, "epoch": record.epoch,
-                        "created_s": record.created_s or time.time(), "ttft_s": record.ttft_s})
-        meta_key, tokens_key, cycles_key = _keys(record.session_id)
+    async def create(self, session: Session) -> None:
+        """Store a new session: its request, its progress so far, and its tokens."""
+        meta = session.fields(created_s=time.time())
+        meta_key, tokens_key, cycles_key = _keys(session.session_id)
 
         async def write():
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(meta_key, mapping=meta)
-                pipe.set(tokens_key, _pack_tokens(record.tokens))
-                pipe.set(cycles_key, b"".join(pack_cycle(c) for c in record.per_cycle))
+                pipe.set(tokens_key, _pack_tokens(session.tokens))
+                pipe.set(cycles_key, b"".join(pack_cycle(c) for c in session.stats.per_cycle))
                 for key in (meta_key, tokens_key, cycles_key):
                     pipe.expire(key, self.ttl_s)
                 await pipe.execute()
@@ -272,11 +233,11 @@ class SessionStore:
 
     async def commit(self, session_id: str, owner: str, cycle: int, new_tokens: list[int], stats: CycleStats,
                      state: dict, previous_redis_ms: float = 0.0) -> None:
-        """Append cycle `cycle`'s tokens and stats and set `state` (policy, cache_lens, workers,
-        status, ttft_s), atomically. Raises Fenced if this writer no longer owns the session.
-        A cycle's Redis time is measured after its commit: `previous_redis_ms` is the cycle
-        before's, written into its stored stats (0: left as it is)."""
-        pairs = [x for item in _encode(state).items() for x in item]
+        """Append cycle `cycle`'s tokens and stats and set the fields of `state` (the session's
+        progress: Session.progress), atomically. Raises Fenced if this writer no longer owns the
+        session. A cycle's Redis time is measured after its commit: `previous_redis_ms` is the
+        cycle before's, written into its stored stats (0: left as it is)."""
+        pairs = [x for item in state.items() for x in item]
         amend = _amendment(cycle - 1, previous_redis_ms) if cycle > 1 and previous_redis_ms else ("", "")
         result = await self._commits.add(
             (_keys(session_id), [owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *amend,

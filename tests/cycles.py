@@ -12,10 +12,11 @@ from scipy.stats import chisquare
 from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp
 from tandem.orchestrator.clients import DraftClient, VerifierClient
-from tandem.orchestrator.cycle import Session, SpeculativeLoop
+from tandem.orchestrator.cycle import SpeculativeLoop
 from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.pool import WorkerPool
-from tandem.orchestrator.store import SessionRecord, SessionStore
+from tandem.orchestrator.session import Request, Session
+from tandem.orchestrator.store import SessionStore
 
 OWNER = "test-writer"
 
@@ -34,11 +35,12 @@ async def running_loop(drafts: list[str], targets: list[str], redis_url: str, eo
 
 
 async def open_session(loop: SpeculativeLoop, session_id: str, prompt: list[int], params, max_tokens: int,
-                       gamma: int | None) -> Session:
-    """A session on its prompt, with its record in Redis, as the orchestrator starts one."""
-    s = Session(session_id, params, list(prompt), len(prompt), max_tokens, GammaPolicy(), fixed_gamma=gamma,
+                       gamma: int | None, **request) -> Session:
+    """A session on its prompt, with its record in Redis, as the orchestrator starts one.
+    request: the rest of its Request (verification, draft_shape, tree_widths)."""
+    s = Session(session_id, Request(params, len(prompt), max_tokens, gamma, **request), list(prompt), GammaPolicy(),
                 owner=OWNER)
-    await loop.store.create(SessionRecord(session_id, {}, len(prompt), list(prompt), owner=OWNER))
+    await loop.store.create(s)
     return s
 
 
@@ -68,8 +70,8 @@ def sampled_first_tokens(draft: str, target: str, redis_url: str, eos: int, prom
             async def one(seed):
                 async with slots:
                     params = SamplingParams(FIRST_TOKEN.temperature, FIRST_TOKEN.top_k, FIRST_TOKEN.top_p, seed)
-                    s = await open_session(loop, f"{name}-{seed}", prompt, params, 4, 3)
-                    s.verification, s.draft_shape = verification, draft_shape
+                    s = await open_session(loop, f"{name}-{seed}", prompt, params, 4, 3, verification=verification,
+                                           draft_shape=draft_shape)
                     tokens = await generate(loop, s)
                     await release(loop, s)
                     return tokens[0], s.stats.per_cycle[0].gamma

@@ -181,11 +181,11 @@ def test_redis_holds_the_committed_tokens_of_a_finished_session(client, pair, re
 
     record, ttl = asyncio.run(load())
     assert record.tokens == prompt + result.token_ids
-    assert record.prompt_len == len(prompt)
+    assert record.request.prompt_len == len(prompt)
     assert record.status == result.finish_reason
     assert record.cycle == result.stats.cycles
-    assert record.params["seed"] == 7 and record.params["temperature"] == 0
-    assert set(record.policy) == set(ACCEPTANCE)  # the session's own: the costs are the replica's
+    assert record.request.params.seed == 7 and record.request.params.temperature == 0
+    assert set(record.acceptance) == set(ACCEPTANCE)  # the session's own: the costs are the replica's
     assert len(record.per_cycle) == record.cycle and all(c.redis_ms > 0 for c in record.per_cycle)  # measured
     assert 0 < ttl <= 3600
 

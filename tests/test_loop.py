@@ -93,7 +93,7 @@ def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url
     (a, b), a_rest, b_tokens = asyncio.run(run())
     assert not any(c.ahead_ms or c.drafted_ahead for c in b.stats.per_cycle)
     assert any(c.ahead_ms for c in a.stats.per_cycle[1:])  # alone again once b is done
-    assert b_tokens == a.tokens[a.prompt_len:]  # same prompt, greedy: same tokens
+    assert b_tokens == a.tokens[a.request.prompt_len:]  # same prompt, greedy: same tokens
 
 
 def test_a_session_whose_record_says_the_workers_hold_everything_still_runs(workers, redis_url, pair, target_model):
@@ -136,7 +136,7 @@ def test_two_writers_of_one_session_on_one_replica_do_not_disturb_each_other(wor
     """A resume can take a session over on the very replica still writing it. The first
     writer's cleanup must not end the second's calls (their rows may share a batched call). The
     first is fenced at its next commit; the second writes the session to its end."""
-    from tandem.orchestrator.cycle import Session
+    from tandem.orchestrator.session import Session
     from tandem.orchestrator.policy import GammaPolicy
     from tandem.orchestrator.store import Fenced
 
@@ -149,9 +149,9 @@ def test_two_writers_of_one_session_on_one_replica_do_not_disturb_each_other(wor
             cycles = loop.run(first)
             head = (await anext(cycles)).tokens  # the first writer is mid-generation, its streams open
             record = await loop.store.claim("two-writers", "second-writer")
-            second = Session("two-writers", first.params, record.tokens, record.prompt_len, 40, GammaPolicy(),
-                             fixed_gamma=2, owner="second-writer", epoch=record.epoch, cycle=record.cycle,
-                             workers=dict(record.workers), cache_lens=dict(record.cache_lens), used=set(first.used))
+            second = Session("two-writers", record.request, record.tokens, GammaPolicy(), owner="second-writer",
+                             epoch=record.epoch, cycle=record.cycle, workers=dict(record.workers),
+                             cache_lens=dict(record.cache_lens), used=set(first.used))
             rest = asyncio.create_task(generate(loop, second))
             await release(loop, first)  # the first writer's cleanup, while the second writes
             rest = await rest
@@ -169,7 +169,7 @@ def test_a_writer_whose_calls_come_after_a_later_writers_stops_at_its_call(worke
     second writer has: the workers refuse its calls (writer epochs), so it stops as a fenced
     commit would stop it ("taken over"), before touching the caches; the second writer's
     generation stays the target's own."""
-    from tandem.orchestrator.cycle import Session
+    from tandem.orchestrator.session import Session
     from tandem.orchestrator.policy import GammaPolicy
     from tandem.orchestrator.store import Fenced
 
@@ -180,8 +180,8 @@ def test_a_writer_whose_calls_come_after_a_later_writers_stops_at_its_call(worke
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],)) as loop:
             first = await open_session(loop, "late-writer", prompt, SamplingParams(temperature=0.0), 30, 2)
             record = await loop.store.claim("late-writer", "second-writer")
-            second = Session("late-writer", first.params, record.tokens, record.prompt_len, 30, GammaPolicy(),
-                             fixed_gamma=2, owner="second-writer", epoch=record.epoch)
+            second = Session("late-writer", record.request, record.tokens, GammaPolicy(), owner="second-writer",
+                             epoch=record.epoch)
             cycles = loop.run(second)
             head = (await anext(cycles)).tokens  # the second writer's calls reach the workers first
             with pytest.raises(Fenced) as fenced:

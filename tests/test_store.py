@@ -3,13 +3,17 @@ only for the session's writer and only once; a resume takes a session over; Redi
 retried for a bounded time."""
 
 import asyncio
+import json
 from dataclasses import replace
 
 import grpc
 import pytest
 
+from tandem.math.params import SamplingParams
+from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.redis_server import EmbeddedRedis
-from tandem.orchestrator.store import Fenced, SessionRecord, SessionStore, StoreUnavailable
+from tandem.orchestrator.session import Request, Session, SessionRecord
+from tandem.orchestrator.store import Fenced, SessionStore, StoreUnavailable
 from tandem.wire.generation import CycleStats
 
 
@@ -19,14 +23,18 @@ def _cycle(i: int) -> CycleStats:
                       drafted_ahead=bool(i % 2), ahead_ms=0.75)
 
 
+REQUEST = Request(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, seed=2**64 - 1), prompt_len=3, max_tokens=20,
+                  gamma=None, verification="block", draft_shape="auto", tree_widths=(3, 2))
+
+
 def _state(**kwargs) -> dict:
-    return {"policy": {"accepted": 1.0}, "cache_lens": {"draft": 4, "target": 5},
-            "workers": {"draft": "d:1", "target": "t:2"}, "status": "running", "ttft_s": 0.25} | kwargs
+    """A commit's progress fields (Session.progress)."""
+    return {"acceptance": json.dumps({"accepted": 1.0}), "draft_cache_len": 4, "target_cache_len": 5,
+            "draft_worker": "d:1", "target_worker": "t:2", "status": "running", "ttft_s": 0.25} | kwargs
 
 
-def _record(session_id: str, owner: str = "writer-a") -> SessionRecord:
-    return SessionRecord(session_id, {"seed": 7}, 3, [5, 6, 7], policy={"accepted": 0.0},
-                         workers={"draft": "d:1", "target": "t:2"}, cache_lens={"draft": 0, "target": 0}, owner=owner)
+def _record(session_id: str, owner: str = "writer-a") -> Session:
+    return Session(session_id, REQUEST, [5, 6, 7], GammaPolicy(), owner=owner)
 
 
 def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redis_url):
@@ -44,14 +52,49 @@ def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redi
             await store.close()
 
     record, ttls, missing = asyncio.run(run())
-    assert record.tokens == [5, 6, 7, 8, 9, 2**31 - 1] and record.prompt_len == 3 and record.generated == [8, 9, 2**31 - 1]
-    assert (record.cycle, record.policy, record.status) == (2, {"accepted": 1.0}, "length")
-    assert record.cache_lens == {"draft": 4, "target": 5} and record.params == {"seed": 7}
+    assert record.tokens == [5, 6, 7, 8, 9, 2**31 - 1] and record.request == REQUEST
+    assert record.generated == [8, 9, 2**31 - 1]
+    assert (record.cycle, record.acceptance, record.status) == (2, {"accepted": 1.0}, "length")
+    assert record.cache_lens == {"draft": 4, "target": 5}
     assert record.workers == {"draft": "d:1", "target": "t:2"} and record.ttft_s == 0.25
     assert record.per_cycle == [_cycle(1), _cycle(2)]
     assert record.created_s > 0 and record.owner == "writer-a" and record.epoch == 1
     assert all(100 < ttl <= 120 for ttl in ttls)
     assert missing is None
+
+
+def test_a_new_session_is_stored_in_named_fields_and_reads_back_as_it_was_created(redis_url):
+    fixed = replace(REQUEST, gamma=0, tree_widths=())
+
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        try:
+            await store.create(_record("named-fields"))
+            await store.create(Session("named-fixed", fixed, [5, 6, 7], GammaPolicy(), owner="w"))
+            fields = await store.redis.hgetall("tandem:session:named-fields")
+            return fields, await store.load("named-fields"), await store.load("named-fixed")
+        finally:
+            await store.close()
+
+    fields, adaptive, fixed_gamma = asyncio.run(run())
+    assert {k.decode(): v.decode() for k, v in fields.items()}.items() >= {
+        "temperature": "0.5", "top_k": "3", "seed": str(2**64 - 1), "gamma": "", "verification": "block",
+        "draft_shape": "auto", "tree_widths": "3,2", "draft_worker": "", "cycle": "0", "epoch": "1"}.items()
+    assert adaptive.request == REQUEST and fixed_gamma.request == fixed
+    assert adaptive.workers == {"draft": None, "target": None} and adaptive.cache_lens == {"draft": 0, "target": 0}
+
+
+def test_a_record_from_before_named_fields_reads_as_it_was_written():
+    """The layout before: JSON objects for the request, the policy, the workers and their cache lengths."""
+    old = {"params": json.dumps({"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 9, "max_tokens": 32,
+                                 "gamma": 3}),
+           "prompt_len": "2", "cycle": "4", "policy": json.dumps({"accepted": 2.0}), "status": "abandoned",
+           "workers": json.dumps({"draft": "d:1", "target": None}), "cache_lens": json.dumps({"draft": 5, "target": 0}),
+           "owner": "", "epoch": "2", "created_s": "1.5", "ttft_s": "0.125"}
+    record = SessionRecord.of("old", old, [1, 2, 3], [])
+    assert record.request == Request(SamplingParams(1.0, 0, 1.0, 9), 2, 32, 3, "token", "chain", ())
+    assert (record.cycle, record.status, record.epoch, record.acceptance) == (4, "abandoned", 2, {"accepted": 2.0})
+    assert record.workers == {"draft": "d:1", "target": None} and record.cache_lens == {"draft": 5, "target": 0}
 
 
 def test_each_stored_cycle_gets_its_redis_time_from_the_next_commit_or_after_the_last(redis_url):

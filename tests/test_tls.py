@@ -27,9 +27,11 @@ from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
+from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.pool import WorkerPool
 from tandem.orchestrator.redis_server import EmbeddedRedis, free_port
-from tandem.orchestrator.store import SessionRecord, SessionStore, StoreUnavailable, check_redis_url
+from tandem.orchestrator.session import Request, Session
+from tandem.orchestrator.store import SessionStore, StoreUnavailable, check_redis_url
 from tandem.services.server import _check_ports
 from tandem.tls import TLSFiles
 from tandem.v1 import worker_pb2_grpc
@@ -300,8 +302,8 @@ def _redis_tls_context(ca_dir: Path) -> ssl.SSLContext:
     return context
 
 
-def _record(session_id: str) -> SessionRecord:
-    return SessionRecord(session_id, {"seed": 7}, 3, [5, 6, 7], policy={}, workers={}, cache_lens={}, owner="w")
+def _record(session_id: str) -> Session:
+    return Session(session_id, Request(SamplingParams(seed=7), 3, 16), [5, 6, 7], GammaPolicy(), owner="w")
 
 
 def test_sessions_over_rediss_with_a_password_an_acl_user_and_a_client_certificate(ca_dir, other_ca_dir):
