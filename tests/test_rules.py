@@ -3,9 +3,11 @@ of one rule together are exact.
 
 - names: a request's verification names a chain rule, as the wire spells it; a tree has its own;
 - the orchestrator halves are the accept tests of tandem.math, walked with the rule's uniforms;
-- statistically: cycles through a chain rule's worker half (`verdicts`, tensors) and its
-  orchestrator half (`accept`, counter-based uniforms) follow the target's distribution (chi
-  square), and mixing one rule's worker half with another's orchestrator half does not;
+- statistically: cycles through the workers' batched sampler (the draft's draws, the target's
+  check by a chain rule's worker half) and the rule's orchestrator half (`accept`), every
+  uniform keyed as in the cluster, follow the target's distribution (chi square); mixing one
+  rule's worker half with another's orchestrator half does not, nor does block verification
+  whose draws are keyed by absolute position (a later cycle re-reads them);
 - the orchestrator, which runs only the plain-Python half, never loads torch.
 """
 
@@ -22,8 +24,9 @@ from test_block_verification import P_MIN, V, Pair, target_sequences
 from tandem import rules
 from tandem.math import tree
 from tandem.math.acceptance import accepted_jointly, count_accepted, output_tokens
-from tandem.math.rng import Purpose, cycle_uniforms, uniform, uniforms
-from tandem.math.sampling import sample
+from tandem.math.params import SamplingParams
+from tandem.math.rng import Purpose, cycle_uniforms, uniforms
+from tandem.services import distributions, sampler
 from tandem.services.draft_worker import draw_uniforms
 from tandem.wire.generation import VERIFICATION_MODES
 from tandem.wire.worker import Proposal, Verification
@@ -80,29 +83,41 @@ def test_the_tree_rule_walks_with_the_uniforms_the_verifier_walks_with():
 
 def run_cycles(pair: Pair, gamma: int, length: int, samples: int, worker: rules.ChainRule,
                orchestrator: rules.ChainRule, draws=draw_uniforms) -> np.ndarray:
-    """Sequences of `length` tokens made of cycles whose block the draft samples, `worker`'s half
-    verifies and `orchestrator`'s half accepts, every uniform keyed as the cluster keys it
-    (sample = the request's seed; draws(seed, position, γ): the draft's) → counts per sequence
+    """Sequences of `length` tokens, one per request seed 0 … samples−1, made of cycles run in
+    lockstep through the workers' batched sampler (tandem.services.sampler: the draft's draws,
+    the target's Check by `worker`'s half, every uniform the sampler keys) and accepted by
+    `orchestrator`'s half. draws(seed, position, γ): the draft's uniforms → counts per sequence
     (base-V index)."""
+    seqs: list[tuple] = [() for _ in range(samples)]
+    while active := [i for i, seq in enumerate(seqs) if len(seq) < length]:
+        params = {i: SamplingParams(temperature=1.0, seed=i) for i in active}
+        u = {i: draws(i, len(seqs[i]), gamma) for i in active}
+        blocks: dict[int, tuple] = {i: () for i in active}
+        drawn: dict[int, list] = {i: [] for i in active}
+        for step in range(gamma):  # the draft worker: one round of every session's draw
+            asks = [sampler.Draw(params[i], u[i][step]) for i in active]
+            answers = sampler.answer(asks, [_logits(pair.draft(seqs[i] + blocks[i])) for i in active])
+            for i, d in zip(active, answers):
+                blocks[i] += (d.token,)
+                drawn[i].append(d)
+        checks = [sampler.Check(params[i], blocks[i], distributions.unpack([d.distribution for d in drawn[i]], V),
+                                len(seqs[i]), worker) for i in active]
+        targets = [torch.cat([_logits(pair.target(seqs[i] + blocks[i][:k])) for k in range(gamma + 1)])
+                   for i in active]
+        for i, checked in zip(active, sampler.answer(checks, targets)):  # the verifier: one round
+            proposal = Proposal(list(blocks[i]), [d.prob for d in drawn[i]], [], 0.0)
+            verification = Verification(checked.target_token_probs, checked.recovered_tokens, checked.bonus_token,
+                                        0.0, block_accept_probs=checked.block_accept_probs)
+            seqs[i] += tuple(orchestrator.accept(proposal, verification, i, len(seqs[i])).tokens)
     counts = np.zeros(V**length)
-    for seed in range(samples):
-        seq: tuple = ()
-        while len(seq) < length:
-            position, block, rows = len(seq), (), []
-            for u in draws(seed, position, gamma):  # the draft worker's draws
-                rows.append(pair.draft(seq + block))
-                block += (int(sample(torch.from_numpy(rows[-1])[None], torch.tensor([u], dtype=torch.float64))),)
-            target = torch.from_numpy(np.stack([pair.target(seq + block[:i]) for i in range(gamma + 1)])).float()
-            draft = torch.from_numpy(np.stack(rows)).float()
-            u_recovered = torch.tensor(uniforms(seed, position, gamma, Purpose.RECOVERED), dtype=torch.float64)
-            probs, recovered, h = worker.verdicts(target[:gamma], torch.tensor(block), draft, [gamma], u_recovered)
-            bonus = int(sample(target[gamma:], torch.tensor([uniform(seed, position + gamma, Purpose.BONUS)],
-                                                              dtype=torch.float64)))
-            proposal, verification = _chain(block, draft[torch.arange(gamma), torch.tensor(block)].tolist(),
-                                            probs.tolist(), recovered.tolist(), bonus, h)
-            seq += tuple(orchestrator.accept(proposal, verification, seed, position).tokens)
+    for seq in seqs:
         counts[int("".join(map(str, seq[:length])), V)] += 1
     return counts
+
+
+def _logits(probs: np.ndarray) -> torch.Tensor:
+    """[1, V]: logits whose softmax is probs (what the sampler warps at temperature 1)."""
+    return torch.from_numpy(np.log(probs)).float()[None]
 
 
 @pytest.mark.parametrize("rule", [rules.TOKEN, rules.BLOCK], ids=lambda r: r.name)
