@@ -10,8 +10,8 @@ block as if the target accepts all of it and its bonus token is the draft's own 
 ("drafting ahead"). When that guess comes true, the next cycle's block is ready and the cycle
 goes straight to verify (a chain's: a token tree's cycle does not draft ahead). Exactness does
 not depend on the guess: the block is what a fresh draft call would have proposed after the
-same committed sequence (counter-based randomness keyed by position), so the accept/reject step
-sees the same kind of proposal either way.
+same committed sequence (its draws keyed as that call's would be: ProposeRequest.ahead), so the
+accept/reject step sees the same proposal either way.
 Most guesses miss (all of the block and the bonus must match), so the loop drafts ahead only
 while its session is the only one in flight: with others, the draft worker is not idle, and
 wasted drafts would delay their blocks (measured: 8 sessions in flight, 139 → 105 tokens/s).
@@ -19,7 +19,7 @@ wasted drafts would delay their blocks (measured: 8 sessions in flight, 139 → 
 Each session sticks to one worker of each pool (`WorkerPool.route`). A worker call that fails
 (UNAVAILABLE, a deadline, a reset stream) moves the session to another worker of that pool,
 which re-prefills from the committed tokens, and the call is made again: exact, because worker
-calls are idempotent and randomness is keyed by position. With no draft worker available a
+calls are idempotent and randomness is keyed by position and cycle (tandem.math.rng). With no draft worker available a
 cycle runs at γ = 0 (the target alone); with no verifier, the loop waits up to
 `verifier_wait_s` for one and then raises `NoWorker`. Commits are fenced (`store.Fenced`): a
 writer that another stream has taken over stops. So are its worker calls: each carries the
@@ -192,8 +192,8 @@ class SpeculativeLoop:
                 ahead.cancel()
             raise
         verdict = verify.answer
-        # 4. Accept/reject with counter-based uniforms keyed by absolute position, by the block's
-        #    rule (tandem.rules: the session's for a chain, a token tree's own).
+        # 4. Accept/reject by the block's rule (tandem.rules: the session's for a chain, a token
+        #    tree's own), with counter-based uniforms keyed by this cycle (tandem.math.rng).
         position = len(s.tokens)
         if proposal:
             rule = rules.of(s.request.verification, branched)
