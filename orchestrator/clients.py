@@ -219,8 +219,9 @@ class DraftClient(WorkerClient):
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
         parent: Context | None = None, ahead: bool = False, epoch: int = 0, tree_widths: tuple[int, ...] = (),
     ) -> Reply:
-        """ahead: a draft past the block under verification (marked on its span); epoch: the
-        session's writer epoch (tandem.services.fencing); tree_widths: a token tree's (gamma deep)."""
+        """ahead: a draft past the block under verification (its draws keyed for the next cycle,
+        ProposeRequest.ahead; marked on its span); epoch: the session's writer epoch
+        (tandem.services.fencing); tree_widths: a token tree's (gamma deep)."""
         def encode(trace_context):
             return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths,
                                         epoch, ahead)

@@ -4,9 +4,9 @@ A session has one writer at a time, but a resume can take it over while the writ
 has calls in flight, and a call whose caller gave up still runs. The session store counts a
 session's claims (its writer epoch); every call carries its writer's. The model thread admits a
 step only if its epoch is at least the highest it has run for the session (and above one that
-released it), and records it: an
-earlier writer's late step would overwrite cache positions that a later writer's cache_len
-already counts as committed, and the later writer's next verify would read them. A writer's
+released it), and records it: an earlier writer's late step would overwrite cache positions
+that a later writer's cache_len already counts as committed, and the later writer's next verify
+would read them. A writer's
 Release closes its epoch too: its late calls would make a cache that nobody releases. Epoch 0
 is not fenced (a caller writing the session alone). Steps and releases are admitted on the model
 thread, in the order in which caches change.

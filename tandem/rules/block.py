@@ -7,21 +7,20 @@ orchestrator draws η (Purpose.ACCEPT) and accepts τ = the largest i with η_i 
 requests get no h: block verification is token-level verification there, token for token.
 """
 
-from tandem.math.acceptance import accepted_jointly, count_accepted
+from tandem.math.acceptance import accepted_jointly
 from tandem.math.rng import Purpose, cycle_uniforms
 from tandem.rules.base import ChainRule, Outcome
+from tandem.rules.token import TOKEN
 
 
 class BlockRule(ChainRule):
     name = "block"
 
     def accept(self, proposal, verification, seed: int, position: int) -> Outcome:
+        if not verification.block_accept_probs:  # greedy: the token-level test on 0/1 probabilities
+            return TOKEN.accept(proposal, verification, seed, position)
         u = cycle_uniforms(seed, position, len(proposal.draft_tokens), Purpose.ACCEPT)
-        if verification.block_accept_probs:
-            accepted = accepted_jointly(verification.block_accept_probs, u)
-        else:  # greedy: the token-level test on 0/1 probabilities
-            accepted = count_accepted(proposal.draft_token_probs, verification.target_token_probs, u)
-        return self.output(proposal, verification, accepted)
+        return self.output(proposal, verification, accepted_jointly(verification.block_accept_probs, u))
 
     def verdicts(self, target_probs, draft_tokens, draft_probs, gammas, u_recovered):
         from tandem.math.block import block_verdicts  # torch: the worker half only

@@ -18,15 +18,19 @@ class TreeRule(Rule):
     name = "tree"
 
     @staticmethod
-    def path(draft: tree.Tree, accept_probs: list[float], seed: int, position: int) -> list[int]:
-        """The nodes the walk accepts: both halves walk with these uniforms."""
-        return tree.walk(draft, accept_probs, cycle_uniforms(seed, position, len(draft), Purpose.TREE_ACCEPT))
+    def uniforms(draft: tree.Tree, seed: int, position: int) -> list[float]:
+        """The walk's per-node uniforms: both halves walk with these."""
+        return cycle_uniforms(seed, position, len(draft), Purpose.TREE_ACCEPT)
+
+    def path(self, draft: tree.Tree, accept_probs: list[float], seed: int, position: int) -> list[int]:
+        """The nodes the walk accepts (the verifier's half: the path it keeps in its cache)."""
+        return tree.walk(draft, accept_probs, self.uniforms(draft, seed, position))
 
     def accept(self, proposal, verification, seed: int, position: int) -> Outcome:
         """A tree's outcome; the verifier's cache holds the path only when it kept the same one."""
         draft = tree.Tree(tuple(proposal.draft_tokens), tuple(proposal.parents))
-        path = self.path(draft, verification.tree_accept_probs, seed, position)
-        token = verification.tree_recovered_tokens[path[-1] + 1 if path else 0]
+        verdict = tree.Verdict(verification.tree_accept_probs, verification.tree_recovered_tokens)
+        path, token = tree.outcome(draft, verdict, self.uniforms(draft, seed, position))
         kept = len(path) if verification.kept_path == path else 0
         return Outcome(len(path), [draft.tokens[i] for i in path] + [token], kept)
 
