@@ -102,20 +102,11 @@ class WorkerClient:
         with self._span(rpc, parent, attributes) as (span, metadata):
             request = encode(dict(metadata))
             start = time.perf_counter()
-            msg = await self._row(request)
+            msg = await self._turn.add(request)  # a row of this turn's batch, whose exchange has the deadline
             reply = Reply(decode(msg), (time.perf_counter() - start) * 1e3, request.ByteSize() + msg.ByteSize(),
                           len(request.tokens))
             span.set_attribute("tandem.wire_bytes", reply.wire_bytes)
             return reply
-
-    async def _row(self, request):
-        """The request's answer, sent as a row of this turn's batched call."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self._turn.add(request)
-        except TimeoutError:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, None, None,
-                                       f"no answer in {self.timeout_s} s") from None
 
     async def _send_rows(self, rows: list) -> list:
         """A turn's rows in as few batched calls as the worker's limits allow, sent at once → per

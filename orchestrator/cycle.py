@@ -281,7 +281,7 @@ class SpeculativeLoop:
         with tracing.span("redis commit", parent, kind=SpanKind.CLIENT,
                           attributes={"db.system": "redis", "db.operation.name": "EVALSHA"}):
             previous = s.stats.per_cycle[-1].redis_ms if s.stats.per_cycle else 0.0
-            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, s.progress(), previous)
+            await self.store.commit(s.session_id, s.owner, s.cycle, new, record, s.changes(), previous)
         return (time.perf_counter() - start) * 1e3
 
     async def _propose(self, s: Session, gamma: int, parent: Context,

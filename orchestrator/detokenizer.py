@@ -10,6 +10,7 @@ window's already-sent prefix is new. Cost per cycle stays constant as the genera
 class IncrementalDetokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
+        self._decode_ids = _decoder(tokenizer)
         self.token_ids: list[int] = []
         self.prefix_offset = 0  # the window starts here
         self.read_offset = 0  # tokens before this are sent
@@ -27,7 +28,17 @@ class IncrementalDetokenizer:
         return text[len(prefix):]
 
     def _decode(self, start: int, end: int) -> str:
-        return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
+        return self._decode_ids(self.token_ids[start:end])
+
+
+def _decoder(tokenizer):
+    """ids → text, as tokenizer.decode(ids, skip_special_tokens=True) gives it. A fast tokenizer
+    that cleans up no spaces decodes in its Rust backend directly: the same text, without a third
+    of a microsecond-scale call's time in Python wrappers, twice per cycle."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "decode") and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def resumed(tokenizer, generated: list[int], chunk_sizes: list[int], from_index: int) -> IncrementalDetokenizer:

@@ -151,11 +151,19 @@ class PoolCosts:
         return intercept / max(self.verify_sessions, 1.0) + slope * (gamma + 1)
 
     def cycle_ms(self, gamma: int) -> float:
+        return self.cycles_ms(gamma)[gamma]
+
+    def cycles_ms(self, top: int) -> list[float]:
+        """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
+        (each pass's line read once for all of them: a policy asks for every γ each cycle)."""
         share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
-        verify = self.verify_ms(gamma) + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
-        if not gamma:
-            return verify
-        return gamma * self.draft_ms_per_token() + self.draft_call_ms + share * max(self.draft_latency_ms, 0.0) + verify
+        intercept, slope = self.verify_pass.line()
+        verify = intercept * share + slope + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
+        if not top:
+            return [verify]
+        draft_token = self.draft_ms_per_token()
+        draft = self.draft_call_ms + share * max(self.draft_latency_ms, 0.0)
+        return [verify] + [g * draft_token + draft + verify + slope * g for g in range(1, top + 1)]
 
     def observe(self, c: CycleCosts) -> None:
         """Fold one cycle's costs into the estimates."""
@@ -216,9 +224,11 @@ class GammaPolicy:
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
         if not self.costs.measured:
             return min(self.initial_gamma, top)
-        gamma = max(range(top + 1), key=lambda g: (self.tokens_per_ms(g), -g))
+        alpha = self.alpha
+        rates = [expected_tokens(alpha, g) / max(ms, 1e-6) for g, ms in enumerate(self.costs.cycles_ms(top))]
+        gamma = max(range(top + 1), key=lambda g: (rates[g], -g))
         if gamma == 0 and top > 0 and self.zero_streak + 1 >= self.probe_every:
-            gamma = max(range(1, top + 1), key=self.tokens_per_ms)
+            gamma = max(range(1, top + 1), key=rates.__getitem__)
         return gamma
 
     def choose_tree(self) -> bool:

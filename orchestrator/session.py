@@ -76,6 +76,8 @@ class Session:
     finish_reason: str = ""
     started: float = 0.0  # perf_counter() when the generation began (earlier than now on a resume)
     stats: Stats = field(default_factory=Stats)
+    committed: dict = field(default_factory=dict, repr=False)  # the progress this writer last committed
+
 
     @property
     def generated(self) -> int:
@@ -92,6 +94,14 @@ class Session:
         for pool in POOLS:
             fields |= {f"{pool}_worker": self.workers[pool] or "", f"{pool}_cache_len": self.cache_lens[pool]}
         return fields
+
+    def changes(self) -> dict[str, str | int | float]:
+        """The progress fields that differ from what this writer last committed (all of them at
+        its first commit), marked committed: a commit that fails ends the writer."""
+        progress = self.progress()
+        changed = {k: v for k, v in progress.items() if self.committed.get(k) != v}
+        self.committed = progress
+        return changed
 
     def fields(self, created_s: float) -> dict[str, str | int | float]:
         """Every field of a new session's hash."""

@@ -29,12 +29,14 @@ class CpuMeter:
     def count(self) -> float:
         """Count one event → the estimate (negative until the first window has closed). The first
         event opens the first window: what the thread did before (starting up) is no event's."""
-        now = time.perf_counter(), time.thread_time()
         if self._since is None:
-            self._since = now
+            self._since = time.perf_counter(), time.thread_time()
             return self.per_event_ms
         self._events += 1
-        if now[0] - self._since[0] >= WINDOW_S:
+        # The thread's CPU clock is read only when a window closes: under a hypervisor it can be a
+        # real system call, where perf_counter is not.
+        if time.perf_counter() - self._since[0] >= WINDOW_S:
+            now = time.perf_counter(), time.thread_time()
             sample = (now[1] - self._since[1]) * 1e3 / self._events
             old = self.per_event_ms
             self.per_event_ms = sample if old < 0 else self.decay * old + (1 - self.decay) * sample

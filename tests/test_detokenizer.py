@@ -1,5 +1,6 @@
 """Streaming text equals the decoded whole, chunk boundaries anywhere, UTF-8 never split."""
 
+import copy
 import random
 
 import pytest
@@ -37,3 +38,16 @@ def test_stream_of_any_chunking_concatenates_to_the_whole_decode(tokenizer, text
 
 def test_no_tokenizer_gives_no_text():
     assert IncrementalDetokenizer(None).push([1, 2, 3], final=True) == ""
+
+
+def test_the_backend_decodes_as_the_tokenizer_does(tokenizer):
+    """The Rust backend's decode stands in for tokenizer.decode only where the text is the same:
+    special tokens skipped, and a tokenizer that cleans up spaces keeps its own decode."""
+    rng = random.Random(3)
+    for _ in range(200):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(0, 12))]
+        assert IncrementalDetokenizer(tokenizer)._decode_ids(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+    cleaning = copy.copy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    ids = tokenizer.encode("a , b .")
+    assert IncrementalDetokenizer(cleaning)._decode_ids(ids) == cleaning.decode(ids, skip_special_tokens=True)
