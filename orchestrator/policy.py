@@ -8,7 +8,9 @@ It picks γ in [0, γ_max] to maximize expected tokens per millisecond of the cl
 with E[tokens | α, γ] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1), α the
 session's running acceptance estimate, and every cost measured as the session runs. γ = 0 is
 plain target decoding; while it wins, every `probe_every` cycles one cycle drafts anyway, so a
-stale α can recover. α is learned along the accepted path, whatever the draft's shape (a token
+stale α can recover. A probe that accepts nothing doubles the session's wait for the next one (up
+to MAX_PROBE_GAP cycles): on text the draft cannot follow, probes cost what they cannot win back.
+A drafting cycle that accepts a token brings the wait back to `probe_every`. α is learned along the accepted path, whatever the draft's shape (a token
 tree's is a path γ deep).
 
 Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
@@ -66,9 +68,11 @@ from tandem.wire.worker import Batching
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
 STEADY_DRAFT_FED = 2
 STEADY_VERIFY_FED = 1
+# The longest wait, in γ-0 cycles, for a probe after probes that accepted nothing.
+MAX_PROBE_GAP = 64
 # What is a session's own (stored with it, forgotten by a new one): its acceptance, and its shapes'
 # rates (tokens per ms) that came of it.
-ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "chain_tokens": 0.0, "chain_ms": 0.0,
+ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "probe_gap": 0, "chain_tokens": 0.0, "chain_ms": 0.0,
               "tree_tokens": 0.0, "tree_ms": 0.0, "last_tree": False, "shape_streak": 0}
 
 
@@ -201,6 +205,7 @@ class GammaPolicy:
     accepted: float = 0.0
     verified: float = 0.0
     zero_streak: int = 0
+    probe_gap: int = 0  # γ-0 cycles before the next probe (0: probe_every)
     # Per draft shape, the decayed output tokens and cost of its drafting cycles; the shape of the
     # latest ones and how many ran in a row.
     chain_tokens: float = 0.0
@@ -227,7 +232,7 @@ class GammaPolicy:
         alpha = self.alpha
         rates = [expected_tokens(alpha, g) / max(ms, 1e-6) for g, ms in enumerate(self.costs.cycles_ms(top))]
         gamma = max(range(top + 1), key=lambda g: (rates[g], -g))
-        if gamma == 0 and top > 0 and self.zero_streak + 1 >= self.probe_every:
+        if gamma == 0 and top > 0 and self.zero_streak + 1 >= (self.probe_gap or self.probe_every):
             gamma = max(range(1, top + 1), key=rates.__getitem__)
         return gamma
 
@@ -244,12 +249,22 @@ class GammaPolicy:
     def observe(self, c: CycleCosts, output_tokens: int = 0) -> None:
         """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
         session's estimates and the replica's costs."""
+        if c.gamma:
+            self._observe_probe(c)
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         if c.gamma:
             self._observe_shape(c, output_tokens)
             self.accepted = self.decay * self.accepted + c.accepted
             self.verified = self.decay * self.verified + verified_tokens(c.accepted, c.gamma)
         self.costs.observe(c)
+
+    def _observe_probe(self, c: CycleCosts) -> None:
+        """A drafting cycle: one that accepted a token brings probes back to every probe_every
+        cycles; a probe (after a streak of γ-0 cycles) that accepted none doubles the wait."""
+        if c.accepted:
+            self.probe_gap = 0
+        elif self.zero_streak + 1 >= (self.probe_gap or self.probe_every):
+            self.probe_gap = min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:

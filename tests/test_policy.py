@@ -6,7 +6,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
-from tandem.orchestrator.policy import ACCEPTANCE, CycleCosts, GammaPolicy
+from tandem.orchestrator.policy import ACCEPTANCE, MAX_PROBE_GAP, CycleCosts, GammaPolicy
 from tandem.wire.worker import Batching
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
@@ -182,6 +182,35 @@ def test_probe_after_a_streak_of_zero_cycles():
     policy.observe(costly_bad_cycle(probe))  # the probe fails: back to γ = 0, streak restarts
     assert policy.zero_streak == 0
     assert policy.choose() == 0
+
+
+def test_probes_that_accept_nothing_come_ever_more_rarely_until_one_accepts():
+    """On text the draft cannot follow, each failed probe doubles the wait for the next one (to
+    MAX_PROBE_GAP γ-0 cycles); a probe that accepts a token brings probes back to every probe_every."""
+    policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
+    policy.zero_streak = 0
+    waits = []
+    for _ in range(6):
+        wait = 0
+        while (gamma := policy.choose()) == 0:
+            policy.observe(costly_bad_cycle(0))
+            wait += 1
+        policy.observe(costly_bad_cycle(gamma))  # the probe accepts nothing
+        waits.append(wait)
+    assert waits == [7, 15, 31, 63, 63, 63]
+    assert policy.to_dict()["probe_gap"] == MAX_PROBE_GAP  # stored with the session
+    assert GammaPolicy().for_session(policy.to_dict()).probe_gap == MAX_PROBE_GAP
+    for _ in range(63):
+        policy.observe(costly_bad_cycle(0))
+    gamma = policy.choose()
+    assert gamma > 0
+    policy.observe(replace(costly_bad_cycle(gamma), accepted=1))  # this probe accepts a token
+    assert policy.probe_gap == 0
+    policy.zero_streak = 0
+    assert policy.choose() == 0
+    for _ in range(policy.probe_every - 1):
+        policy.observe(costly_bad_cycle(0))
+    assert policy.choose() > 0
 
 
 def test_probe_every_is_configurable():
