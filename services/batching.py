@@ -8,7 +8,8 @@ step, drafting γ tokens is γ steps. Each round, the model thread takes the job
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
 long), runs all their steps in one pass (`ModelRuntime.extend_batch`), answers all their asks
 together (`sampler.answer`: one warp, one argmax, one draw per kind for the whole round), and
-hands each job its answer. A step whose session a later writer has stepped meanwhile is not
+hands each job its answer. Before a round, it may wait a moment for sessions it answered a moment
+ago and expects back (tandem.services.holding), so that cohorts of sessions share passes. A step whose session a later writer has stepped meanwhile is not
 run: its job ends with `Superseded` (tandem.services.fencing). The `KeepPath`s the jobs then
 yield (after a token tree's step) are applied together, before any other pass. A job with more
 steps waits for the next round; a job that arrived meanwhile joins it. Nothing waits for a
@@ -38,6 +39,7 @@ import torch
 
 from tandem.services import metrics, sampler
 from tandem.services.fencing import Superseded, WriterEpochs
+from tandem.services.holding import FIT_STEP_TOKENS, HOLD_SHARE, PassCost, Returns
 from tandem.services.runtime import KeepPath, ModelRuntime, Step
 from tandem.wire.worker import Batching
 
@@ -56,6 +58,7 @@ class _Running:
     future: concurrent.futures.Future
     submitted: float  # time.perf_counter() at submit
     epoch: int = 0  # its session's writer epoch (0: not fenced)
+    session_id: str = ""  # its steps' session, once it has one
     step: Step | None = None
     compute_ms: float = 0.0  # the passes it took part in, and its own work between them
     cost_ms: float = 0.0  # the same work in the device's time (the module's docstring)
@@ -78,6 +81,8 @@ class Batcher:
         self._cpu = time.process_time if shared else time.thread_time
         self._cost_is_wall = not on_cpu
         self.writers = WriterEpochs()
+        self.returns = Returns()  # when sessions went back, and how long they take to return
+        self.passes = PassCost()
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
@@ -106,15 +111,17 @@ class Batcher:
             try:
                 self._admit(waiting, block=not waiting)
                 if waiting:
+                    self._hold(waiting)
                     self._round(waiting)
             except BaseException:  # never lose the thread: every job would hang
                 log.exception("batching round failed")
 
-    def _admit(self, waiting: list[_Running], block: bool) -> None:
-        """Start what was submitted: a job runs to its first step; a plain function runs now."""
+    def _admit(self, waiting: list[_Running], block: bool, timeout: float | None = None) -> None:
+        """Start what was submitted (waiting for it up to `timeout` when blocking): a job runs to
+        its first step; a plain function runs now."""
         while True:
             try:
-                queued = self._incoming.get(block=block)
+                queued = self._incoming.get(block=block, timeout=timeout)
             except queue.Empty:
                 return
             block = False
@@ -127,12 +134,30 @@ class Batcher:
         job, future = running.job, running.future
         if inspect.isgenerator(job):
             if self._advance(running, None):
+                running.session_id = running.step.session_id
+                self.returns.arrived(running.session_id, running.submitted)
                 waiting.append(running)
             return
         try:
             future.set_result(job())
         except BaseException as e:
             future.set_exception(e)
+
+    def _hold(self, waiting: list[_Running]) -> None:
+        """Wait, admitting what comes meanwhile, for the sessions due back within a share of a
+        pass's fixed cost (tandem.services.holding), unless the round is full already."""
+        if sum(len(r.step.tokens) for r in waiting) >= self.max_batch_tokens:
+            return
+        budget = HOLD_SHARE * self.passes.fixed_s()
+        until = time.perf_counter() + budget
+        due = self.returns.due(time.perf_counter(), budget)
+        while due:
+            for running in waiting:
+                due.pop(running.session_id, None)
+            left = until - time.perf_counter()
+            if not due or left <= 0:
+                return
+            self._admit(waiting, block=True, timeout=left)
 
     def _round(self, waiting: list[_Running]) -> None:
         picked = self._pick(waiting)
@@ -149,6 +174,8 @@ class Batcher:
         except BaseException as e:  # the pass itself failed: every job in it fails, no other
             results = [e] * len(batch)
         elapsed, cost = self._since(start)
+        if max(len(r.step.tokens) for r in batch) <= FIT_STEP_TOKENS:
+            self.passes.add(tokens, elapsed / 1e3)
         metrics.batch_sessions.observe(len(batch))
         metrics.batch_tokens.observe(tokens)
         advanced = []
@@ -184,6 +211,7 @@ class Batcher:
             except Superseded as e:
                 running.job.close()
                 running.future.set_exception(e)
+                self.returns.answered(running.session_id, time.perf_counter())
         return admitted
 
     def _keep_paths(self, advanced: list[_Running]) -> list[_Running]:
@@ -219,6 +247,10 @@ class Batcher:
         wall, cpu = (time.perf_counter() - start[0]) * 1e3, (self._cpu() - start[1]) * 1e3
         return wall, wall if self._cost_is_wall else cpu
 
+    def _answered(self, running: _Running) -> None:
+        if running.session_id:
+            self.returns.answered(running.session_id, time.perf_counter())
+
     def _advance(self, running: _Running, result) -> bool:
         """Give the job its step's result (None to start it) → True when it has another step;
         False once its answer (or its exception) is on its future."""
@@ -238,9 +270,11 @@ class Batcher:
                 b.cost_ms = running.cost_ms + cost
                 answer.batching = b
             running.future.set_result(answer)
+            self._answered(running)
             return False
         except BaseException as e:
             running.future.set_exception(e)
+            self._answered(running)
             return False
         elapsed, cost = self._since(start)
         running.compute_ms += elapsed
