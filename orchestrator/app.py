@@ -3,6 +3,9 @@ that runs it behind Ray Serve's gRPC ingress."""
 
 import logging
 import os
+import signal
+import threading
+from contextlib import contextmanager
 
 import ray
 from ray import serve
@@ -67,14 +70,31 @@ def _init_ray(attempts: int = 2) -> None:
     once, on a busy 2-core machine, a raylet that never started; a second start succeeded."""
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
+            with _own_sigterm():
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                         runtime_env={"env_vars": {"PYTHONWARNINGS": "ignore"}})
             return
         except Exception as e:  # Ray raises a bare Exception for it
             if attempt == attempts or "timed out during startup" not in str(e):
                 raise
             log.warning("Ray's local node did not start (%s); starting it again", e)
             ray.shutdown()
+
+
+@contextmanager
+def _own_sigterm():
+    """Keep the process's SIGTERM handler through what the block does: Ray's core worker installs
+    one that prints a stack and aborts, which would take a stop request (`tandem up`'s, a pod's)
+    out of the process's own hands and leave Ray's other processes running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:  # None: one installed outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, handler)
 
 
 def stop_ingress(app_name: str = "tandem") -> None:

@@ -213,10 +213,15 @@ def cmd_up(args) -> None:
                            tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
                            options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT,
                            worker_args=["--max-batch-tokens", str(args.max_batch_tokens)], drafter=args.drafter)
+    # A stop asked for while the cluster starts (SIGTERM, as Ctrl-C) stops what has started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         cluster.start()
     except RuntimeError as e:  # a worker that could not start, e.g. on a taken port: one line, no traceback
         raise SystemExit(f"tandem up: {e}") from None
+    except KeyboardInterrupt:
+        print("tandem stopped", flush=True)
+        return
     with cluster:
         print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
               f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)

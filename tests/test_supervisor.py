@@ -3,6 +3,7 @@ to forget; a worker whose launcher is SIGKILLed stops by itself instead of holdi
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,3 +65,39 @@ def test_a_worker_stops_when_its_launcher_is_sigkilled(pair, tmp_path):
     finally:
         if not gone():
             os.kill(worker, signal.SIGKILL)
+
+
+def test_tandem_up_stopped_while_it_starts_stops_everything_it_started(pair, tmp_path):
+    """SIGTERM as soon as the ingress port opens (Serve may still be deploying): Ray's core worker
+    would abort the process on it, leaving its other processes behind; `tandem up` stops instead."""
+    from tandem.bench.vllm import descendants
+    from tandem.orchestrator.redis_server import free_port
+
+    port = free_port()
+    up = subprocess.Popen([sys.executable, "-m", "tandem.cli", "up", "--draft-model", pair["draft"],
+                           "--target-model", pair["target"], "--grpc-port", str(port), "--metrics-port", "0",
+                           "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+
+        assert _wait(listening, timeout_s=180), "the ingress never opened"
+        started = descendants(up.pid)
+        os.kill(up.pid, signal.SIGTERM)
+        out, err = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, err[-2000:]
+    assert "tandem stopped" in out and "SIGTERM received" not in err
+    assert started and _wait(lambda: not [p for p in started if _alive(p)], timeout_s=60), \
+        [open(f"/proc/{p}/cmdline").read() for p in started if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
