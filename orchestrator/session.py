@@ -78,7 +78,6 @@ class Session:
     stats: Stats = field(default_factory=Stats)
     committed: dict = field(default_factory=dict, repr=False)  # the progress this writer last committed
 
-
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.request.prompt_len

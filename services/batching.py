@@ -8,12 +8,13 @@ step, drafting γ tokens is γ steps. Each round, the model thread takes the job
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
 long), runs all their steps in one pass (`ModelRuntime.extend_batch`), answers all their asks
 together (`sampler.answer`: one warp, one argmax, one draw per kind for the whole round), and
-hands each job its answer. Before a round, it may wait a moment for sessions it answered a moment
-ago and expects back (tandem.services.holding), so that cohorts of sessions share passes. A step whose session a later writer has stepped meanwhile is not
+hands each job its answer. A step whose session a later writer has stepped meanwhile is not
 run: its job ends with `Superseded` (tandem.services.fencing). The `KeepPath`s the jobs then
 yield (after a token tree's step) are applied together, before any other pass. A job with more
 steps waits for the next round; a job that arrived meanwhile joins it. Nothing waits for a
-batch to fill: an idle thread runs a lone job at once.
+batch to fill: an idle thread runs a lone job at once. Only sessions the thread answered a
+moment ago and expects back are waited for, briefly (tandem.services.holding), so that cohorts
+of sessions share passes.
 
 Each job's answer says what its work cost (Batching.cost_ms): the passes it took part in, whole,
 in the device's scarce time: CPU time on a CPU, which the machine's other processes share (a
@@ -211,7 +212,7 @@ class Batcher:
             except Superseded as e:
                 running.job.close()
                 running.future.set_exception(e)
-                self.returns.answered(running.session_id, time.perf_counter())
+                self._answered(running)
         return admitted
 
     def _keep_paths(self, advanced: list[_Running]) -> list[_Running]:

@@ -6,9 +6,9 @@ while it was busy. Two cohorts then take turns on the worker and never meet, and
 a pass's fixed cost (its weights read, its operator calls) once per cohort where one pass would
 do. A round may therefore wait for rows that are due back: sessions answered a moment ago that
 came back that quickly last time. It waits only while the wait is shorter than a share of the
-fixed cost it saves (`HOLD_SHARE`), so a cohort whose way round is longer (many sessions, a
-busy orchestrator) is not waited for, and it waits no longer than the due rows' time: a session
-that finished or moved elsewhere costs at most that once.
+fixed cost it saves (`HOLD_SHARE`), for rows due (or late) by no more than that: a cohort
+whose way round is longer (many sessions, a busy orchestrator) is not waited for, and a session
+that finished or moved elsewhere costs at most one such wait before it is overdue and forgotten.
 """
 
 from collections import OrderedDict
