@@ -191,7 +191,9 @@ class SessionStore:
         self._finish = client.register_script(_FINISH)
         self._stop = client.register_script(_STOP)
         self._amend = client.register_script(_AMEND)
-        self._commits = Turn(self._commit_all)  # commits made in one turn of the loop: one round trip
+        # Commits made in one turn of the loop: one round trip, flushed a hop after the worker calls
+        # the same turn makes (tandem.orchestrator.clients), so that packing them never delays those.
+        self._commits = Turn(self._commit_all, hops=3)
 
     @classmethod
     def from_url(cls, url: str, ttl_s: int = 3600, retry_s: float = 10.0) -> "SessionStore":
