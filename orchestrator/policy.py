@@ -10,8 +10,8 @@ session's running acceptance estimate, and every cost measured as the session ru
 plain target decoding; while it wins, every `probe_every` cycles one cycle drafts anyway, so a
 stale α can recover. A probe that accepts nothing doubles the session's wait for the next one (up
 to MAX_PROBE_GAP cycles): on text the draft cannot follow, probes cost what they cannot win back.
-A drafting cycle that accepts a token brings the wait back to `probe_every`. α is learned along the accepted path, whatever the draft's shape (a token
-tree's is a path γ deep).
+A drafting cycle that accepts a token brings the wait back to `probe_every`. α is learned along
+the accepted path, whatever the draft's shape (a token tree's is a path γ deep).
 
 Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
 cost of its drafting cycles, and drafts the shape that has given more tokens per millisecond,
@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 
 from tandem.math.acceptance import verified_tokens
 from tandem.math.analytic import expected_tokens
+from tandem.math.fit import LinearFit
 from tandem.wire.worker import Batching
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
@@ -72,8 +73,8 @@ STEADY_VERIFY_FED = 1
 MAX_PROBE_GAP = 64
 # What is a session's own (stored with it, forgotten by a new one): its acceptance, and its shapes'
 # rates (tokens per ms) that came of it.
-ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "probe_gap": 0, "chain_tokens": 0.0, "chain_ms": 0.0,
-              "tree_tokens": 0.0, "tree_ms": 0.0, "last_tree": False, "shape_streak": 0}
+ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "probe_gap": 0, "chain_tokens": 0.0,
+              "chain_ms": 0.0, "tree_tokens": 0.0, "tree_ms": 0.0, "last_tree": False, "shape_streak": 0}
 
 
 @dataclass
@@ -96,30 +97,6 @@ class CycleCosts:
     # The passes each call ran in; None (or no passes) means alone, one pass per step.
     draft_batching: Batching | None = None
     verify_batching: Batching | None = None
-
-
-@dataclass
-class LinearFit:
-    """Decayed least squares of y = intercept + slope · x, kept where a pass's cost can be: the
-    slope is never negative and the intercept never below zero."""
-
-    n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-
-    def add(self, x: float, y: float, decay: float) -> None:
-        self.n, self.sx, self.sy = decay * self.n + 1, decay * self.sx + x, decay * self.sy + y
-        self.sxx, self.sxy = decay * self.sxx + x * x, decay * self.sxy + x * y
-
-    def line(self) -> tuple[float, float]:
-        """(intercept, slope); a flat line through the mean while x has not varied."""
-        mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mean_x**2
-        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / var) if var > 1e-6 else 0.0
-        slope = min(slope, mean_y / mean_x)  # a pass never costs less than nothing at x = 0
-        return mean_y - slope * mean_x, slope
 
 
 @dataclass
@@ -159,10 +136,10 @@ class PoolCosts:
 
     def cycles_ms(self, top: int) -> list[float]:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
-        (each pass's line read once for all of them: a policy asks for every γ each cycle)."""
+        (the passes' lines read once a call, not once a γ: a policy asks for every γ each cycle)."""
         share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
-        intercept, slope = self.verify_pass.line()
-        verify = intercept * share + slope + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
+        slope = self.verify_pass.line()[1]  # each drafted token adds to the verify pass
+        verify = self.verify_ms(0) + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
         if not top:
             return [verify]
         draft_token = self.draft_ms_per_token()

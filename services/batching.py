@@ -38,9 +38,10 @@ from typing import Any
 
 import torch
 
+from tandem.math.fit import LinearFit
 from tandem.services import metrics, sampler
 from tandem.services.fencing import Superseded, WriterEpochs
-from tandem.services.holding import FIT_STEP_TOKENS, HOLD_SHARE, PassCost, Returns
+from tandem.services.holding import FIT_STEP_TOKENS, HOLD_SHARE, PASS_DECAY, Returns, fixed_s
 from tandem.services.runtime import KeepPath, ModelRuntime, Step
 from tandem.wire.worker import Batching
 
@@ -83,7 +84,7 @@ class Batcher:
         self._cost_is_wall = not on_cpu
         self.writers = WriterEpochs()
         self.returns = Returns()  # when sessions went back, and how long they take to return
-        self.passes = PassCost()
+        self.passes = LinearFit()  # what a pass costs (wall seconds) against its tokens
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
@@ -149,9 +150,8 @@ class Batcher:
         pass's fixed cost (tandem.services.holding), unless the round is full already."""
         if sum(len(r.step.tokens) for r in waiting) >= self.max_batch_tokens:
             return
-        budget = HOLD_SHARE * self.passes.fixed_s()
-        until = time.perf_counter() + budget
-        due = self.returns.due(time.perf_counter(), budget)
+        budget, now = HOLD_SHARE * fixed_s(self.passes), time.perf_counter()
+        until, due = now + budget, self.returns.due(now, budget)
         while due:
             for running in waiting:
                 due.pop(running.session_id, None)
@@ -176,7 +176,7 @@ class Batcher:
             results = [e] * len(batch)
         elapsed, cost = self._since(start)
         if max(len(r.step.tokens) for r in batch) <= FIT_STEP_TOKENS:
-            self.passes.add(tokens, elapsed / 1e3)
+            self.passes.add(tokens, elapsed / 1e3, PASS_DECAY)
         metrics.batch_sessions.observe(len(batch))
         metrics.batch_tokens.observe(tokens)
         advanced = []

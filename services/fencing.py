@@ -6,10 +6,9 @@ session's claims (its writer epoch); every call carries its writer's. The model 
 step only if its epoch is at least the highest it has run for the session (and above one that
 released it), and records it: an earlier writer's late step would overwrite cache positions
 that a later writer's cache_len already counts as committed, and the later writer's next verify
-would read them. A writer's
-Release closes its epoch too: its late calls would make a cache that nobody releases. Epoch 0
-is not fenced (a caller writing the session alone). Steps and releases are admitted on the model
-thread, in the order in which caches change.
+would read them. A writer's Release closes its epoch too: its late calls would make a cache that
+nobody releases. Epoch 0 is not fenced (a caller writing the session alone). Steps and releases
+are admitted on the model thread, in the order in which caches change.
 """
 
 from collections import OrderedDict

@@ -13,36 +13,21 @@ that finished or moved elsewhere costs at most one such wait before it is overdu
 
 from collections import OrderedDict
 
+from tandem.math.fit import LinearFit
+
 HOLD_SHARE = 0.5  # a round waits at most this share of a pass's fixed cost
 # The fixed cost is fitted on passes of steps this short (decode steps, verify blocks): a prefill
 # costs less per token than a decode step (a matrix product of many rows, no other session's keys to
 # read), and passes that carry one would bend the line up and make the fixed cost look larger.
 FIT_STEP_TOKENS = 16
+PASS_DECAY = 0.98  # per pass fitted: the fit follows the load
 FORGET_S = 5.0  # a session answered longer ago than this is not expected back
 
 
-class PassCost:
-    """A pass's wall time against its tokens, fitted as fixed + per-token (decayed least squares)."""
-
-    def __init__(self, decay: float = 0.98) -> None:
-        self.decay = decay
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        d = self.decay
-        self.n, self.sx, self.sy = d * self.n + 1, d * self.sx + tokens, d * self.sy + seconds
-        self.sxx, self.sxy = d * self.sxx + tokens * tokens, d * self.sxy + tokens * seconds
-
-    def fixed_s(self) -> float:
-        """The fit's intercept (0 until passes of different sizes have been seen)."""
-        if not self.n:
-            return 0.0
-        mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mean_x**2
-        if var < 1e-9:
-            return 0.0
-        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / var)
-        return max(0.0, mean_y - slope * mean_x)
+def fixed_s(passes: LinearFit) -> float:
+    """A pass's fixed cost, in seconds: the intercept of pass time against tokens (`passes`, fitted
+    with PASS_DECAY), 0 until passes of different sizes have been seen."""
+    return passes.line()[0] if passes.varied else 0.0
 
 
 class Returns:

@@ -208,7 +208,8 @@ def _checks(asks: list[Check], spans: list[range], values, rows: torch.Tensor, g
                            dtype=torch.float64, device=device)
     after = values.index_select(0, _index((span[-1] for span in spans), values))  # [A, V]: the target after each block
     bonus = sample(after, bonus_u).tolist()
-    return [Checked(p, r, b, a) for p, r, b, a in zip(_cut(token_probs, gammas), _cut(recovered, gammas), bonus, accept)]
+    return [Checked(p, r, b, a)
+            for p, r, b, a in zip(_cut(token_probs, gammas), _cut(recovered, gammas), bonus, accept)]
 
 
 def _draft_probs(asks: list[Check], gammas: list[int], drafts: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -8,7 +8,8 @@ import pytest
 
 from tandem.math.params import SamplingParams
 from tandem.services.batching import Batcher
-from tandem.services.holding import FORGET_S, PassCost, Returns
+from tandem.math.fit import LinearFit
+from tandem.services.holding import FORGET_S, PASS_DECAY, Returns, fixed_s
 from tandem.services.runtime import ModelRuntime
 from tandem.services.target_verifier import verify
 
@@ -20,18 +21,18 @@ TIMEOUT_S = 60
 
 
 def test_a_pass_costs_its_fixed_part_plus_its_tokens():
-    cost = PassCost()
-    assert cost.fixed_s() == 0.0
-    cost.add(4, 0.008)
-    cost.add(4, 0.008)
-    assert cost.fixed_s() == 0.0  # one size of pass says nothing of the fixed part
+    cost = LinearFit()
+    assert fixed_s(cost) == 0.0
+    cost.add(4, 0.008, PASS_DECAY)
+    cost.add(4, 0.008, PASS_DECAY)
+    assert fixed_s(cost) == 0.0  # one size of pass says nothing of the fixed part
     for tokens in (1, 8, 16, 32, 64):
-        cost.add(tokens, 0.006 + 0.0005 * tokens)
-    assert cost.fixed_s() == pytest.approx(0.006, abs=5e-4)
-    falling = PassCost()
+        cost.add(tokens, 0.006 + 0.0005 * tokens, PASS_DECAY)
+    assert fixed_s(cost) == pytest.approx(0.006, abs=5e-4)
+    falling = LinearFit()
     for tokens, seconds in ((1, 0.02), (50, 0.01)):
-        falling.add(tokens, seconds)
-    assert falling.fixed_s() == pytest.approx(0.015, abs=1e-3)  # never a negative slope: the mean, flat
+        falling.add(tokens, seconds, PASS_DECAY)
+    assert fixed_s(falling) == pytest.approx(0.015, abs=1e-3)  # never a negative slope: the mean, flat
 
 
 def test_a_session_is_due_back_after_its_last_way_round():
@@ -62,8 +63,8 @@ def model_dir(tmp_path_factory) -> str:
     return save_random_model(config, str(tmp_path_factory.mktemp("holding") / "m"), seed=5)
 
 
-@pytest.mark.parametrize("fixed_s", [1.0, 0.0])
-def test_a_round_waits_for_a_session_due_back_while_the_wait_costs_less_than_a_pass(model_dir, fixed_s):
+@pytest.mark.parametrize("fixed", [1.0, 0.0])
+def test_a_round_waits_for_a_session_due_back_while_the_wait_costs_less_than_a_pass(model_dir, fixed):
     """Two sessions go round together, then come back 0.1 s apart: with passes whose fixed cost is
     large, the first waits and they share a pass; with none, it runs at once, alone."""
     runtime = ModelRuntime(model_dir)
@@ -77,8 +78,8 @@ def test_a_round_waits_for_a_session_due_back_while_the_wait_costs_less_than_a_p
     runtime.extend_batch = recording
     batcher = Batcher(runtime)
     for _ in range(100):  # what passes cost, as if measured (the real ones barely move it)
-        batcher.passes.add(1, fixed_s + 0.001)
-        batcher.passes.add(64, fixed_s + 0.064)
+        batcher.passes.add(1, fixed + 0.001, PASS_DECAY)
+        batcher.passes.add(64, fixed + 0.064, PASS_DECAY)
     tokens = {"x": prompt(6, 1), "y": prompt(6, 2)}
 
     def step(session_id: str):  # the session's next verify: its last token fed, nothing drafted
@@ -95,4 +96,4 @@ def test_a_round_waits_for_a_session_due_back_while_the_wait_costs_less_than_a_p
     y = batcher.submit(step("y"))
     x.result(TIMEOUT_S), y.result(TIMEOUT_S)
     assert rounds[:2] == [["x", "y"], ["x", "y"]]
-    assert rounds[2:] == ([["x", "y"]] if fixed_s else [["x"], ["y"]])
+    assert rounds[2:] == ([["x", "y"]] if fixed else [["x"], ["y"]])

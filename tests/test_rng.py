@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from tandem.math.rng import TREE_NODES, Purpose, _splitmix64, cycle_uniforms, uniform, uniforms
+from tandem.math.rng import CYCLE_KEYS, Purpose, _splitmix64, cycle_uniforms, uniform, uniforms
 
 P_MIN = 1e-3
 
@@ -124,7 +124,7 @@ def test_tree_keys_are_pinned_and_disjoint_between_trees():
     assert cycle_uniforms(7, 100, 3, Purpose.TREE_ACCEPT) == [0.41005171723586176, 0.803487061857289,
                                                                0.5267205345329058]
     # Trees at successive positions never share a key, however many nodes they have.
-    assert cycle_uniforms(7, 101, 1, Purpose.TREE_ACCEPT)[0] not in cycle_uniforms(7, 100, TREE_NODES,
+    assert cycle_uniforms(7, 101, 1, Purpose.TREE_ACCEPT)[0] not in cycle_uniforms(7, 100, CYCLE_KEYS,
                                                                                  Purpose.TREE_ACCEPT)
     with pytest.raises(ValueError, match="at most"):
-        cycle_uniforms(7, 100, TREE_NODES + 1, Purpose.TREE_ACCEPT)
+        cycle_uniforms(7, 100, CYCLE_KEYS + 1, Purpose.TREE_ACCEPT)

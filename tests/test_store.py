@@ -272,3 +272,11 @@ def test_commits_made_in_one_turn_share_a_round_trip_and_fail_alone(redis_url):
     assert isinstance(results[2], Fenced) and results[2].reason == "taken over"
     assert [r for i, r in enumerate(results) if i != 2] == [None] * 4
     assert [r.generated for r in records] == [[10], [11], [], [13], [14]]
+
+
+def test_a_commit_writes_the_progress_fields_that_changed_since_this_writers_last():
+    s = Session("changes", REQUEST, [5, 6, 7], GammaPolicy(), owner="writer-a")
+    assert s.changes() == s.progress()  # the first commit: all of them
+    assert s.changes() == {}
+    s.cache_lens["target"], s.finish_reason = 9, "stop"
+    assert s.changes() == {"target_cache_len": 9, "status": "stop"}

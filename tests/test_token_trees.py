@@ -209,7 +209,8 @@ def test_greedy_output_through_trees_is_the_targets(workers, redis_url, pair, ta
             out = {}
             for i, gamma in enumerate((3, None)):
                 context = pair["prompts"][7 + i]
-                s = await open_session(loop, f"tree-greedy-{shape}-{gamma}", context, GREEDY, 24, gamma, draft_shape=shape)
+                s = await open_session(loop, f"tree-greedy-{shape}-{gamma}", context, GREEDY, 24, gamma,
+                                       draft_shape=shape)
                 out[gamma] = (context, await generate(loop, s), s.stats)
                 await release(loop, s)
             return out

@@ -4,6 +4,7 @@
 - `rng`: counter-based uniforms keyed by (seed, position, purpose);
 - `acceptance`: the orchestrator's half of a cycle, the accept test and the cycle's output;
 - `analytic`: the expected tokens per target pass and the speedup they buy;
+- `fit`: a pass's cost against its tokens, a decayed least-squares line;
 - `sampling`: the workers' half, on tensors: warping, drawing, verifying a block (torch);
 - `block`: the verifier's half of block verification, accepting a block's prefix jointly (torch);
 - `tree`: token trees, their masks, and the walk down a tree that accepts a path;

@@ -17,7 +17,7 @@ and every later cycle starts past it.
 from enum import IntEnum
 
 _MASK = (1 << 64) - 1
-TREE_NODES = 128  # keys per cycle: a chain's drafted tokens, a tree's n nodes and its n + 1 rows fit
+CYCLE_KEYS = 128  # keys per cycle: a chain's drafted tokens, a tree's n nodes and its n + 1 rows fit
 
 
 class Purpose(IntEnum):
@@ -55,7 +55,7 @@ def uniforms(seed: int, start: int, count: int, purpose: Purpose) -> list[float]
 def cycle_uniforms(seed: int, position: int, count: int, purpose: Purpose) -> list[float]:
     """Uniforms for the first `count` drafted tokens of a cycle (a chain's, or a token tree's
     nodes or rows) whose first drafted token sits at absolute position `position`: keys
-    position · TREE_NODES + i, disjoint from every other cycle's (each starts at another position)."""
-    if count > TREE_NODES:
-        raise ValueError(f"a cycle has at most {TREE_NODES} keys per purpose, asked for {count}")
-    return [uniform(seed, position * TREE_NODES + i, purpose) for i in range(count)]
+    position · CYCLE_KEYS + i, disjoint from every other cycle's (each starts at another position)."""
+    if count > CYCLE_KEYS:
+        raise ValueError(f"a cycle has at most {CYCLE_KEYS} keys per purpose, asked for {count}")
+    return [uniform(seed, position * CYCLE_KEYS + i, purpose) for i in range(count)]

@@ -1,0 +1,34 @@
+"""A pass's cost against its tokens: a decayed least-squares line, kept where a cost can be."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LinearFit:
+    """Decayed least squares of y = intercept + slope · x, kept where a pass's cost can be: the
+    slope is never negative and the intercept never below zero."""
+
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float, decay: float) -> None:
+        self.n, self.sx, self.sy = decay * self.n + 1, decay * self.sx + x, decay * self.sy + y
+        self.sxx, self.sxy = decay * self.sxx + x * x, decay * self.sxy + x * y
+
+    @property
+    def varied(self) -> bool:
+        """Whether x has varied, so that the slope is measured."""
+        return self.n > 0 and self._var() > 1e-6
+
+    def line(self) -> tuple[float, float]:
+        """(intercept, slope); a flat line through the mean while x has not varied (n > 0)."""
+        mean_x, mean_y = self.sx / self.n, self.sy / self.n
+        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / self._var()) if self.varied else 0.0
+        slope = min(slope, mean_y / mean_x)  # a pass never costs less than nothing at x = 0
+        return mean_y - slope * mean_x, slope
+
+    def _var(self) -> float:
+        return self.sxx / self.n - (self.sx / self.n) ** 2
