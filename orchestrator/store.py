@@ -16,9 +16,9 @@ client sees its tokens, and only if the writer still owns the session (`owner`, 
 resume takes over) and the session is at the cycle before it: a stale writer stops, and a
 token is committed exactly once. A commit retried after a lost reply finds its own cycle
 already there and succeeds without writing twice. The commits a replica's sessions make in
-one turn of its event loop travel to Redis in one round trip (tandem.orchestrator.turns: a
-pipeline of the script, each commit fenced and answered on its own). Redis faults are retried
-for a bounded time, then reported as `StoreUnavailable`.
+one turn of its event loop travel to Redis in one round trip (tandem.orchestrator.turns: one
+call of the script over all of them, each commit fenced and answered on its own). Redis faults
+are retried for a bounded time, then reported as `StoreUnavailable`.
 
 Redis over TLS is a rediss:// URL; redis-py reads the TLS files from its query string (a
 password or an ACL user goes before the host, percent-encoded):
@@ -41,9 +41,10 @@ from dataclasses import fields
 from operator import attrgetter
 from urllib.parse import parse_qs, urlparse
 
+import msgpack
 import numpy as np
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, NoScriptError, RedisError
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -83,26 +84,33 @@ def _keys(session_id: str) -> list[str]:
     return [meta, f"{meta}:tokens", f"{meta}:cycle_stats"]
 
 
-# KEYS: meta, tokens, cycles. ARGV: owner, cycle, packed tokens, packed cycle, TTL, the offset
-# and packed value of the cycle before's Redis time ('' '': none), then field/value pairs.
-# Returns 1 (committed), 2 (this cycle was already committed by this owner: a retry), 0
-# (another writer owns the session, or it is at another cycle), -1 (no session), -2 (stopped:
-# no writer owns it).
+# A turn's commits, each fenced and answered on its own. KEYS: per commit, its session's meta,
+# tokens and cycles keys. ARGV[1]: the TTL; ARGV[2]: the commits (msgpack), each [owner, cycle,
+# packed tokens, packed cycle, the offset and packed value of the cycle before's Redis time ('' '':
+# none), then field, value, …]. Returns per commit 1 (committed), 2 (this cycle was already
+# committed by this owner: a retry), 0 (another writer owns the session, or it is at another
+# cycle), -1 (no session), -2 (stopped: no writer owns it).
 _COMMIT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local state = redis.call('HMGET', KEYS[1], 'owner', 'cycle')
-if state[1] == '' then return -2 end
-if state[1] ~= ARGV[1] then return 0 end
-local at = tonumber(state[2])
-local cycle = tonumber(ARGV[2])
-if at == cycle then return 2 end
-if at ~= cycle - 1 then return 0 end
-redis.call('APPEND', KEYS[2], ARGV[3])
-redis.call('APPEND', KEYS[3], ARGV[4])
-if ARGV[6] ~= '' then redis.call('SETRANGE', KEYS[3], tonumber(ARGV[6]), ARGV[7]) end
-redis.call('HSET', KEYS[1], 'cycle', ARGV[2], unpack(ARGV, 8))
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-return 1
+local function commit(meta, tokens, cycles, c, ttl)
+  if redis.call('EXISTS', meta) == 0 then return -1 end
+  local state = redis.call('HMGET', meta, 'owner', 'cycle')
+  if state[1] == '' then return -2 end
+  if state[1] ~= c[1] then return 0 end
+  local at, cycle = tonumber(state[2]), tonumber(c[2])
+  if at == cycle then return 2 end
+  if at ~= cycle - 1 then return 0 end
+  redis.call('APPEND', tokens, c[3])
+  redis.call('APPEND', cycles, c[4])
+  if c[5] ~= '' then redis.call('SETRANGE', cycles, tonumber(c[5]), c[6]) end
+  redis.call('HSET', meta, 'cycle', c[2], unpack(c, 7))
+  for _, key in ipairs({meta, tokens, cycles}) do redis.call('EXPIRE', key, ttl) end
+  return 1
+end
+local results = {}
+for i, c in ipairs(cmsgpack.unpack(ARGV[2])) do
+  results[i] = commit(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], c, ARGV[1])
+end
+return results
 """
 
 # KEYS: meta, tokens, cycles. ARGV: the new owner. Takes an unfinished session over (the
@@ -241,34 +249,22 @@ class SessionStore:
         progress: Session.progress), atomically. Raises Fenced if this writer no longer owns the
         session. A cycle's Redis time is measured after its commit: `previous_redis_ms` is the
         cycle before's, written into its stored stats (0: left as it is)."""
-        pairs = [x for item in state.items() for x in item]
+        pairs = [x if isinstance(x, bytes) else str(x) for item in state.items() for x in item]
         amend = _amendment(cycle - 1, previous_redis_ms) if cycle > 1 and previous_redis_ms else ("", "")
         result = await self._commits.add(
-            (_keys(session_id), [owner, cycle, _pack_tokens(new_tokens), pack_cycle(stats), self.ttl_s, *amend,
-                                 *pairs]))
+            (_keys(session_id), [owner, str(cycle), _pack_tokens(new_tokens), pack_cycle(stats), *amend, *pairs]))
         if result <= 0:
             raise Fenced(session_id, {0: "taken over", -1: "expired", -2: "stopped"}[result])
 
-    async def _commit_all(self, commits: list[tuple[list[str], list]]) -> list:
-        """A turn's commits (tandem.orchestrator.turns) in one round trip: the fenced script once
-        per session in a pipeline, not a transaction (each commit stands alone) → per commit its
-        result, or its error. EVALSHA by hand: a pipeline of registered scripts first asks Redis
-        whether it knows them (SCRIPT EXISTS), a second round trip every time; a restarted Redis
-        that forgot the script answers NOSCRIPT, and those commits go again once it is loaded."""
-        async def run(pending):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for keys, args in pending:
-                    pipe.evalsha(self._commit.sha, len(keys), *keys, *args)
-                return await pipe.execute(raise_on_error=False)
-
-        results = await self._retrying(lambda: run(commits))
-        forgotten = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if forgotten:
-            await self._retrying(lambda: self.redis.script_load(_COMMIT))
-            again = await self._retrying(lambda: run([commits[i] for i in forgotten]))
-            for i, result in zip(forgotten, again):
-                results[i] = result
-        return results
+    async def _commit_all(self, commits: list[tuple[list[str], list]]) -> list[int]:
+        """A turn's commits (tandem.orchestrator.turns) in one round trip: one call of the script,
+        which fences and answers each commit on its own → per commit its result. The commits'
+        arguments (about 20 each) travel packed in one string: redis-py packs each argument of a
+        command in Python, msgpack all of them at once in C. A Redis that forgot the script (a
+        restart) gets it again from the registered script's call."""
+        keys = [key for session_keys, _ in commits for key in session_keys]
+        packed = msgpack.packb([args for _, args in commits], use_bin_type=False)  # strings: as old Redis reads them
+        return await self._retrying(lambda: self._commit(keys=keys, args=[self.ttl_s, packed]))
 
     async def amend_redis_ms(self, session_id: str, cycle: int, redis_ms: float) -> bool:
         """Write a committed cycle's Redis time into its stored stats (the last cycle's: no commit

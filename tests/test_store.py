@@ -246,32 +246,48 @@ def test_what_the_orchestrator_raises_crosses_ray_intact():
 
 
 def test_commits_made_in_one_turn_share_a_round_trip_and_fail_alone(redis_url):
-    """Concurrent commits go to Redis in one pipeline; a fenced one raises for its writer only."""
+    """Concurrent commits go to Redis in one call of the script; a fenced one raises for its
+    writer only."""
     async def run():
         store = SessionStore.from_url(redis_url)
-        pipelines = []
-        pipeline = store.redis.pipeline
+        calls = []
+        evalsha = store.redis.evalsha
 
-        def counting(*args, **kwargs):
-            pipelines.append(kwargs)
-            return pipeline(*args, **kwargs)
+        def counting(sha, numkeys, *args):
+            calls.append(numkeys)
+            return evalsha(sha, numkeys, *args)
 
-        store.redis.pipeline = counting
+        store.redis.evalsha = counting
         try:
             for i in range(5):
                 await store.create(_record(f"turn-{i}"))
             commits = [store.commit(f"turn-{i}", "writer-a" if i != 2 else "writer-b", 1, [10 + i], _cycle(i), _state())
                        for i in range(5)]
             results = await asyncio.gather(*commits, return_exceptions=True)
-            return pipelines, results, [await store.load(f"turn-{i}") for i in range(5)]
+            return calls, results, [await store.load(f"turn-{i}") for i in range(5)]
         finally:
             await store.close()
 
-    pipelines, results, records = asyncio.run(run())
-    assert [p for p in pipelines if not p.get("transaction", True)] == [{"transaction": False}]  # the commits'
+    calls, results, records = asyncio.run(run())
+    assert calls == [15]  # one call, over 3 keys of each of the 5 sessions
     assert isinstance(results[2], Fenced) and results[2].reason == "taken over"
     assert [r for i, r in enumerate(results) if i != 2] == [None] * 4
     assert [r.generated for r in records] == [[10], [11], [], [13], [14]]
+
+
+def test_a_commit_after_redis_forgot_the_script_loads_it_again(redis_url):
+    """A restarted Redis has no scripts: the commit loads it and goes through."""
+    async def run():
+        store = SessionStore.from_url(redis_url)
+        try:
+            await store.create(_record("forgot"))
+            await store.redis.script_flush()
+            await store.commit("forgot", "writer-a", 1, [10], _cycle(0), _state())
+            return await store.load("forgot")
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()).generated == [10]
 
 
 def test_a_commit_writes_the_progress_fields_that_changed_since_this_writers_last():
