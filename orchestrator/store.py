@@ -249,7 +249,7 @@ class SessionStore:
         progress: Session.progress), atomically. Raises Fenced if this writer no longer owns the
         session. A cycle's Redis time is measured after its commit: `previous_redis_ms` is the
         cycle before's, written into its stored stats (0: left as it is)."""
-        pairs = [x if isinstance(x, bytes) else str(x) for item in state.items() for x in item]
+        pairs = [str(x) for item in state.items() for x in item]
         amend = _amendment(cycle - 1, previous_redis_ms) if cycle > 1 and previous_redis_ms else ("", "")
         result = await self._commits.add(
             (_keys(session_id), [owner, str(cycle), _pack_tokens(new_tokens), pack_cycle(stats), *amend, *pairs]))

@@ -148,9 +148,9 @@ class Batcher:
     def _hold(self, waiting: list[_Running]) -> None:
         """Wait, admitting what comes meanwhile, for the sessions due back within a share of a
         pass's fixed cost (tandem.services.holding), unless the round is full already."""
-        if sum(len(r.step.tokens) for r in waiting) >= self.max_batch_tokens:
-            return
         budget, now = HOLD_SHARE * fixed_s(self.passes), time.perf_counter()
+        if budget <= 0 or sum(len(r.step.tokens) for r in waiting) >= self.max_batch_tokens:
+            return
         until, due = now + budget, self.returns.due(now, budget)
         while due:
             for running in waiting:

@@ -35,8 +35,9 @@ class CpuMeter:
         self._events += 1
         # The thread's CPU clock is read only when a window closes: under a hypervisor it can be a
         # real system call, where perf_counter is not.
-        if time.perf_counter() - self._since[0] >= WINDOW_S:
-            now = time.perf_counter(), time.thread_time()
+        wall = time.perf_counter()
+        if wall - self._since[0] >= WINDOW_S:
+            now = wall, time.thread_time()
             sample = (now[1] - self._since[1]) * 1e3 / self._events
             old = self.per_event_ms
             self.per_event_ms = sample if old < 0 else self.decay * old + (1 - self.decay) * sample
