@@ -12,7 +12,7 @@ from ray import serve
 from ray.serve.config import HTTPOptions, gRPCOptions
 
 from tandem.orchestrator.config import OrchestratorConfig
-from tandem.orchestrator.deployment import GenerationService
+from tandem.orchestrator import deployment
 
 log = logging.getLogger("tandem.orchestrator")
 
@@ -42,27 +42,30 @@ SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE
 def build_app(config: OrchestratorConfig) -> serve.Application:
     # Serve queues what is over max_ongoing_requests without bound: keep it above the replica's
     # own cap, so that a replica refuses a session at once instead (and still answers Cancel).
-    return GenerationService.options(num_replicas=config.replicas,
-                                     max_ongoing_requests=config.max_sessions + 16).bind(config)
+    service = deployment.with_openai_api if config.openai_api else deployment.grpc_only
+    return service.options(num_replicas=config.replicas, max_ongoing_requests=config.max_sessions + 16).bind(config)
 
 
 def start_ingress(config: OrchestratorConfig, grpc_port: int, http_port: int = 0,
-                  host: str = "127.0.0.1") -> None:
-    """Start Ray (local unless RAY_ADDRESS says otherwise), Serve's gRPC proxy, and the app.
-
-    Returns once the app is running; requests need the metadata ("application", app_name).
-    """
+                  host: str = "127.0.0.1") -> int:
+    """Start Ray (local unless RAY_ADDRESS says otherwise), Serve's gRPC and HTTP proxies, and
+    the app; return the HTTP port (http_port, or a free one for 0). Returns once the app is
+    running; gRPC requests need the metadata ("application", app_name), HTTP ones go under
+    config.route_prefix. Serve's proxies start once per Ray: a second application on the same
+    Ray shares the first one's ports."""
     if not ray.is_initialized():
         for name, value in (SERVE_THROUGHPUT_ENV | MESSAGE_SIZE_ENV).items():
             os.environ.setdefault(name, value)  # inherited by the Ray processes started below
         _init_ray()
     from tandem.orchestrator.redis_server import free_port
 
+    http_port = http_port or free_port()
     serve.start(
-        http_options=HTTPOptions(host=host, port=http_port or free_port()),
+        http_options=HTTPOptions(host=host, port=http_port),
         grpc_options=gRPCOptions(port=grpc_port, grpc_servicer_functions=SERVICER_FUNCTIONS),
     )
-    serve.run(build_app(config), name=config.app_name, route_prefix=f"/{config.app_name}", blocking=False)
+    serve.run(build_app(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
+    return http_port
 
 
 def _init_ray(attempts: int = 2) -> None:

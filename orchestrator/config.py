@@ -42,6 +42,7 @@ class OrchestratorConfig:
     max_sessions: int = 64  # generations in flight per replica; more are refused (RESOURCE_EXHAUSTED)
     stream_interval: int = 1  # tokens a streamed chunk holds at least, but the first and the last
     tls: TLSFiles | None = None  # mutual TLS to the workers: the orchestrator's cert and key, the workers' CA
+    openai_api: bool = True  # the OpenAI-compatible API's routes on Serve's HTTP ingress (http_ingress.py)
 
     def __post_init__(self) -> None:
         if not self.target_addresses:
@@ -84,6 +85,12 @@ class OrchestratorConfig:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.api_key_sha256 is not None and len(self.api_key_sha256) != 64:
             raise ValueError("api_key_sha256 must be a SHA-256 hex digest (use api_key_digest)")
+
+    @property
+    def route_prefix(self) -> str:
+        """Where the application's HTTP routes are: the default application at the root (the
+        OpenAI base URL is http://host:port/v1), another under its name (/name/v1)."""
+        return "/" if self.app_name == OrchestratorConfig.app_name else f"/{self.app_name}"
 
     def load_tokenizer(self):
         """The tokenizer, or None when there is none (token-id prompts only)."""

@@ -360,9 +360,10 @@ class SpeculativeLoop:
             "tandem.pool": kind, "tandem.from": previous, "tandem.to": address, "tandem.reason": reason})
 
     def _truncate(self, s: Session, new: list[int], remaining: int) -> list[int]:
-        """Cut the cycle's tokens at the first EOS or at max_tokens, setting finish_reason."""
+        """Cut the cycle's tokens at the first EOS (unless the request ignores it) or at
+        max_tokens, setting finish_reason."""
         for i, token in enumerate(new):
-            if token in self.eos:
+            if token in self.eos and not s.request.ignore_eos:
                 s.finish_reason = "stop"
                 return new[: i + 1]
         if len(new) >= remaining:

@@ -29,13 +29,14 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from ray import serve
 
 from tandem import tracing
-from tandem.orchestrator import metrics
+from tandem.orchestrator import http_ingress, metrics
 from tandem.orchestrator.auth import authorize
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
-from tandem.orchestrator.cycle import FAILOVER_CODES, NoWorker, SpeculativeLoop
+from tandem.orchestrator.cycle import NoWorker, SpeculativeLoop
 from tandem.orchestrator.detokenizer import IncrementalDetokenizer, resumed
 from tandem.orchestrator.policy import GammaPolicy
+from tandem.orchestrator.refusals import Refused, refusal
 from tandem.orchestrator.pool import WorkerPool
 from tandem.orchestrator.requests import Limits, resolve
 from tandem.orchestrator.session import Session, SessionRecord
@@ -46,24 +47,11 @@ from tandem.wire.validation import FieldError, check_session_id
 log = logging.getLogger("tandem.orchestrator")
 
 
-class _Refused(Exception):
-    """The request ends with this gRPC status; the client's details name why."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-
-    def __reduce__(self):  # picklable, so it crosses Ray's process boundary intact
-        return _Refused, (self.code, str(self))
-
-
-# Serve's controller notices a dead replica only at its next health check (every 10 s by
-# default), and meanwhile counts it as running: two replicas killed within that window left
-# none for ~10 s here. Every 2 s, a replacement starts sooner; the 30 s timeout stays, so a
-# busy replica is not taken for a dead one. (max_ongoing_requests: build_app sets it above
-# the config's max_sessions, so that the replica refuses what is over, not Serve's queue.)
-@serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=2.0)
 class GenerationService:
+    """A replica: the gRPC methods by name (Serve's gRPC proxy calls them), and the session
+    core that both ingresses run (`generation`, `resumption`; the HTTP routes in
+    tandem.orchestrator.http_ingress call it with a call object of their own)."""
+
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
         self.drafts = WorkerPool("draft", config.draft_addresses, DraftClient, config.worker_timeout_s, tls=config.tls)
@@ -97,7 +85,8 @@ class GenerationService:
                                 self.config.draft_shape, self.config.tree_widths)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s)
-        self.model = Path(target_info.model).name  # gen_ai.request.model: the target's name
+        self.model = Path(target_info.model).name  # gen_ai.request.model and the OpenAI API's model id
+        metrics.serve_model(self.model)
         log.info("connected: draft %s, target %s", draft_info.model, target_info.model)
 
     async def _ensure_connected(self) -> None:
@@ -108,20 +97,20 @@ class GenerationService:
     # --- the RPCs --------------------------------------------------------------------------
 
     async def Generate(self, request, grpc_context):
-        chunks = [c async for c in self._generation(request, grpc_context)]
+        chunks = [c async for c in self.generation(request, grpc_context)]
         return wire.response_to_pb(chunks[0].session_id, chunks)
 
     async def GenerateStream(self, request, grpc_context):
-        async for chunk in self._generation(request, grpc_context):
+        async for chunk in self.generation(request, grpc_context):
             yield wire.chunk_to_pb(chunk)
 
     async def Resume(self, request, grpc_context):
-        async for chunk in self._resumption(request, grpc_context):
+        async for chunk in self.resumption(request, grpc_context):
             yield wire.chunk_to_pb(chunk)
 
     async def Cancel(self, request, grpc_context):
         try:
-            self._authorize(grpc_context)
+            self.authorize(grpc_context)
             wire.check_decoded(request)
             check_session_id(request.session_id)
             cancelled = await self.store.stop(request.session_id)
@@ -132,7 +121,7 @@ class GenerationService:
 
     # --- admission: the token, then a slot ------------------------------------------------
 
-    def _authorize(self, grpc_context) -> None:
+    def authorize(self, grpc_context) -> None:
         authorize(grpc_context.invocation_metadata(), self.config.api_key_sha256)
 
     @contextmanager
@@ -140,9 +129,9 @@ class GenerationService:
         """An authorized call, holding one of the replica's max_sessions slots while it runs;
         a refusal is answered at once (never queued) and ends the span."""
         try:
-            self._authorize(grpc_context)
+            self.authorize(grpc_context)
             if self._in_flight >= self.config.max_sessions:
-                raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"sessions: {self._in_flight} generations in flight on this replica, at most "
                                f"{self.config.max_sessions}; retry later")
         except BaseException as e:
@@ -157,7 +146,9 @@ class GenerationService:
 
     # --- a new session ---------------------------------------------------------------------
 
-    async def _generation(self, request, grpc_context):
+    async def generation(self, request, grpc_context):
+        """A new session's chunks: first one with its id and no tokens, then its tokens. request:
+        a GenerateRequest message or an already decoded GenerationRequest."""
         # Started, not made current: this generator's context does not survive its yields.
         span = tracing.start_span("text_completion", tracing.extract(grpc_context.invocation_metadata()),
                                   kind=SpanKind.SERVER,
@@ -175,23 +166,24 @@ class GenerationService:
                 yield chunk
 
     async def _start(self, request) -> Session:
-        await self._connect_or_refuse()
-        decoded = wire.generation_request_from_pb(request)
+        await self.connect_or_refuse()
+        decoded = request if isinstance(request, wire.GenerationRequest) else wire.generation_request_from_pb(request)
         prompt, resolved = await asyncio.get_running_loop().run_in_executor(
             self._tokenizing, resolve, decoded, self.limits, self.tokenizer)
         session = Session(uuid.uuid4().hex, resolved, list(prompt), self._policy.for_session(), owner=_writer())
         await self.store.create(session)
         return session
 
-    async def _connect_or_refuse(self) -> None:
+    async def connect_or_refuse(self) -> None:
         try:
             await self._ensure_connected()
         except NoWorker as e:
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+            raise Refused(grpc.StatusCode.UNAVAILABLE, str(e)) from None
 
     # --- a resumed session -----------------------------------------------------------------
 
-    async def _resumption(self, request, grpc_context):
+    async def resumption(self, request, grpc_context):
+        """A session's chunks from request.from_index on: the committed tail first, then the rest."""
         span = tracing.start_span("resume", tracing.extract(grpc_context.invocation_metadata()), kind=SpanKind.SERVER,
                                   attributes={"gen_ai.operation.name": "text_completion", "gen_ai.system": "tandem",
                                               "gen_ai.response.id": getattr(request, "session_id", ""),
@@ -222,7 +214,7 @@ class GenerationService:
     async def _restore(self, session_id: str, from_index: int) -> tuple[Session, SessionRecord]:
         """The session from Redis, taken over by this replica (a finished one is only read)."""
         check_session_id(session_id)
-        await self._connect_or_refuse()
+        await self.connect_or_refuse()
         owner = _writer()
         record = await self.store.claim(session_id, owner)
         if record is None:
@@ -241,6 +233,18 @@ class GenerationService:
         )
         session.stats = wire.Stats(time.time() - record.created_s, record.ttft_s, list(record.per_cycle))
         return session, record
+
+    async def healthy(self) -> bool:
+        """Connected to the workers, with a target verifier up: sessions can run."""
+        try:
+            await self.connect_or_refuse()
+        except Refused:
+            return False
+        return self.targets.available()
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the replica's tokenizing threads, off the loop that streams every session."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn, *args)
 
     # --- cycles to chunks, and how a request ends ------------------------------------------
 
@@ -310,29 +314,9 @@ def _ending(e: BaseException) -> str:
     return "unavailable"
 
 
-def _refusal(e: BaseException) -> _Refused | None:
-    """The status a failure is answered with; None for a client that went away."""
-    if isinstance(e, _Refused):
-        return e
-    if isinstance(e, FieldError):
-        return _Refused(e.code, str(e))
-    if isinstance(e, NoWorker):
-        return _Refused(grpc.StatusCode.UNAVAILABLE, f"{e}; the session can be resumed")
-    if isinstance(e, StoreUnavailable):
-        return _Refused(grpc.StatusCode.UNAVAILABLE, f"{e}; the session can be resumed once it is back")
-    if isinstance(e, Fenced):
-        return _Refused(grpc.StatusCode.ABORTED, f"{e}: this stream stops")
-    if isinstance(e, grpc.aio.AioRpcError):  # a worker failed in a way another worker would not mend
-        code = grpc.StatusCode.UNAVAILABLE if e.code() in FAILOVER_CODES else grpc.StatusCode.INTERNAL
-        if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a worker's bound (its KV cache): the client's to know
-            code = e.code()
-        return _Refused(code, f"worker call failed: {e.code().name}: {e.details()}")
-    return None
-
-
 def _refuse(grpc_context, span, e: BaseException) -> None:
-    """Answer the failure with its status (the client's side of `_refusal`), in the span too."""
-    refused = _refusal(e)
+    """Answer the failure with its status (the client's side of `refusal`), in the span too."""
+    refused = refusal(e)
     if refused is None:
         return
     if isinstance(e, StoreUnavailable):
@@ -367,3 +351,14 @@ def _conclude(span, session: Session) -> None:
         "tandem.cycles": s.cycles, "tandem.drafted_tokens": s.drafted_tokens,
         "tandem.accepted_tokens": s.accepted_tokens,
     })
+
+
+# Serve's controller notices a dead replica only at its next health check (every 10 s by
+# default), and meanwhile counts it as running: two replicas killed within that window left
+# none for ~10 s here. Every 2 s, a replacement starts sooner; the 30 s timeout stays, so a
+# busy replica is not taken for a dead one. (max_ongoing_requests: build_app sets it above
+# the config's max_sessions, so that the replica refuses what is over, not Serve's queue.)
+# The same name for both: with the OpenAI API's routes on Serve's HTTP ingress, and without.
+_OPTIONS = {"name": "GenerationService", "ray_actor_options": {"num_cpus": 0}, "health_check_period_s": 2.0}
+grpc_only = serve.deployment(**_OPTIONS)(GenerationService)
+with_openai_api = serve.deployment(**_OPTIONS)(serve.ingress(http_ingress.api)(GenerationService))

@@ -34,6 +34,20 @@ e2e_request_latency = Histogram("tandem:e2e_request_latency_seconds", "Request t
                                 buckets=_LATENCY, registry=REGISTRY)
 request_success = Counter("tandem:request_success", "Finished requests.", ["finished_reason"], registry=REGISTRY)
 
+# The same four under vLLM's own names and labels, for the dashboards and tools built on vLLM's
+# (`vllm bench serve` reads them from the OpenAI API's /metrics): labelled with the served model
+# once the replica knows it (`serve_model`).
+_VLLM_LABELS = ["model_name", "engine"]
+vllm_num_drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", _VLLM_LABELS,
+                          registry=REGISTRY)
+vllm_num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", _VLLM_LABELS,
+                                registry=REGISTRY)
+vllm_num_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                                   _VLLM_LABELS, registry=REGISTRY)
+vllm_num_accepted_tokens_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                           "Accepted tokens per draft position.", [*_VLLM_LABELS, "position"],
+                                           registry=REGISTRY)
+
 # The cluster: worker health, failures and failovers, re-prefills, resumes.
 worker_healthy = Gauge("tandem:worker_healthy", "1 while a worker serves and is routed to.", ["pool", "address"],
                        registry=REGISTRY)
@@ -58,6 +72,36 @@ def _accepted_at(position: int):
     return num_accepted_tokens_per_pos.labels(position=str(position))
 
 
+class _VllmSeries:
+    """vLLM's four counters, labelled for one model."""
+
+    def __init__(self, model: str) -> None:
+        self.labels = {"model_name": model, "engine": "0"}
+        self.drafts = vllm_num_drafts.labels(**self.labels)
+        self.draft_tokens = vllm_num_draft_tokens.labels(**self.labels)
+        self.accepted = vllm_num_accepted_tokens.labels(**self.labels)
+
+    @functools.cache
+    def accepted_at(self, position: int):
+        return vllm_num_accepted_tokens_per_pos.labels(**self.labels, position=str(position))
+
+    def observe(self, c: CycleStats) -> None:
+        self.drafts.inc()
+        self.draft_tokens.inc(c.gamma)
+        self.accepted.inc(c.accepted)
+        for position in range(c.accepted):
+            self.accepted_at(position).inc()
+
+
+_vllm: _VllmSeries | None = None
+
+
+def serve_model(model: str) -> None:
+    """Name the model the replica serves: vLLM's counters count under it from now on."""
+    global _vllm
+    _vllm = _VllmSeries(model)
+
+
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose the metrics on http://host:port/metrics (a daemon thread)."""
     start_http_server(port, addr=host, registry=REGISTRY)
@@ -71,6 +115,8 @@ def observe_cycle(c: CycleStats) -> None:
         num_accepted_tokens.inc(c.accepted)
         for position in range(c.accepted):
             _accepted_at(position).inc()
+        if _vllm is not None:
+            _vllm.observe(c)
     for field, series in _PART_SERIES:
         series.observe(getattr(c, field) / 1e3)
 

@@ -71,7 +71,7 @@ def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> tuple[list[int
             raise out_of_range("gamma", f"at most {limits.max_gamma}, got {req.gamma}")
     return prompt, Request(SamplingParams(temperature, top_k, top_p, seed), len(prompt), max_tokens, req.gamma,
                            req.verification or limits.default_verification,
-                           req.draft_shape or limits.default_draft_shape, limits.tree_widths)
+                           req.draft_shape or limits.default_draft_shape, limits.tree_widths, req.ignore_eos)
 
 
 def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:

@@ -2,7 +2,7 @@
 moves on; and the one codec both have in Redis, a hash of named fields.
 
     request (written once):  temperature top_k top_p seed prompt_len max_tokens gamma
-                             verification draft_shape tree_widths
+                             verification draft_shape tree_widths ignore_eos
     progress (every commit): cycle status owner epoch draft_worker target_worker
                              draft_cache_len target_cache_len acceptance ttft_s
     once, at creation:       created_s
@@ -35,13 +35,15 @@ class Request:
     verification: str = "token"  # the chain rule (tandem.rules)
     draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto" (tandem.orchestrator.cycle)
     tree_widths: tuple[int, ...] = (2, 2)  # a tree's children per node at depths 1, 2, …, then 1
+    ignore_eos: bool = False  # generate past the target's EOS, up to max_tokens
 
     def fields(self) -> dict[str, str | int | float]:
         p = self.params
         return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "seed": p.seed,
                 "prompt_len": self.prompt_len, "max_tokens": self.max_tokens,
                 "gamma": "" if self.gamma is None else self.gamma, "verification": self.verification,
-                "draft_shape": self.draft_shape, "tree_widths": ",".join(map(str, self.tree_widths))}
+                "draft_shape": self.draft_shape, "tree_widths": ",".join(map(str, self.tree_widths)),
+                "ignore_eos": int(self.ignore_eos)}
 
     @classmethod
     def of(cls, fields: dict[str, str]) -> "Request":
@@ -53,7 +55,8 @@ class Request:
         return cls(params, int(fields["prompt_len"]), int(fields["max_tokens"]),
                    int(fields["gamma"]) if fields.get("gamma", "") != "" else None,
                    fields.get("verification", "token"), fields.get("draft_shape", "chain"),
-                   tuple(int(w) for w in widths.split(",")) if widths else ())
+                   tuple(int(w) for w in widths.split(",")) if widths else (),
+                   fields.get("ignore_eos", "0") == "1")
 
 
 @dataclass

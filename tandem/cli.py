@@ -147,6 +147,8 @@ TREE_WIDTHS_HELP = ("a token tree's children per node at depths 1, 2, ..., then 
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
+HTTP_PORT_HELP = ("the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models, /health) on Ray "
+                  "Serve's HTTP ingress; 0: off")
 MAX_SESSIONS_HELP = "generations in flight per orchestrator replica; more get RESOURCE_EXHAUSTED at once"
 STREAM_INTERVAL_HELP = ("tokens a streamed chunk holds at least (the first and the last chunk excepted): more cost "
                         "Ray and the Serve replica less CPU per token under load, at the cost of burstier streams "
@@ -168,12 +170,25 @@ def _ingress_options(args, command: str) -> dict:
         digest = api_key_digest(args.api_key or os.environ.get(API_KEY_ENV))
     except ValueError as e:
         raise SystemExit(f"tandem {command}: {e}") from None
-    return {"api_key_sha256": digest, "max_sessions": args.max_sessions, "stream_interval": args.stream_interval}
+    return {"api_key_sha256": digest, "max_sessions": args.max_sessions, "stream_interval": args.stream_interval,
+            "openai_api": args.http_port != 0}
 
 
-def _check_ingress_port(port: int, command: str) -> None:
-    """Exit with one line when the ingress port is taken: Ray's proxy would fail inside Ray.
-    It binds every interface ([::]), so that is what is tried here."""
+def _check_ingress_ports(args, command: str) -> None:
+    _check_ingress_port(args.grpc_port, command)
+    if args.http_port:
+        _check_ingress_port(args.http_port, command, "the OpenAI API, --http-port")
+
+
+def _say_openai_api(host: str, port: int) -> None:
+    if port:
+        print(f"tandem: OpenAI-compatible API on http://{host}:{port}/v1 (completions, chat/completions, models); "
+              f"health at /health", flush=True)
+
+
+def _check_ingress_port(port: int, command: str, what: str = "gRPC ingress, --grpc-port") -> None:
+    """Exit with one line when an ingress port is taken: Ray's proxy would fail inside Ray.
+    gRPC's binds every interface ([::]), so that is what is tried here."""
     import socket
 
     try:
@@ -182,7 +197,7 @@ def _check_ingress_port(port: int, command: str) -> None:
             s.bind(("::", port))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise SystemExit(f"tandem {command}: port {port} (gRPC ingress, --grpc-port) is in use") from None
+            raise SystemExit(f"tandem {command}: port {port} ({what}) is in use") from None
 
 
 def _say_access(options: dict, port: int) -> None:
@@ -204,7 +219,7 @@ def cmd_up(args) -> None:
 
     draft_model, target_model = default_pair(args.draft_model, args.target_model)
     options = _ingress_options(args, "up") | _drafting_options(args)
-    _check_ingress_port(args.grpc_port, "up")
+    _check_ingress_ports(args, "up")
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
                            device=args.device, dtype=args.dtype, max_gamma=args.max_gamma,
                            redis_url=os.environ.get("REDIS_URL"), metrics_port=args.metrics_port,
@@ -212,7 +227,8 @@ def cmd_up(args) -> None:
                            target_workers=args.target_workers, replicas=args.replicas,
                            tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
                            options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT,
-                           worker_args=["--max-batch-tokens", str(args.max_batch_tokens)], drafter=args.drafter)
+                           worker_args=["--max-batch-tokens", str(args.max_batch_tokens)], drafter=args.drafter,
+                           http_port=args.http_port)
     # A stop asked for while the cluster starts (SIGTERM, as Ctrl-C) stops what has started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -225,6 +241,7 @@ def cmd_up(args) -> None:
     with cluster:
         print(f"tandem is up: gRPC ingress on {cluster.address} (application 'tandem'); "
               f"try: tandem generate --address {cluster.address} \"def fib(n):\"", flush=True)
+        _say_openai_api(args.host, args.http_port)
         _say_access(options, args.grpc_port)
         if args.metrics_port:
             print("Prometheus metrics: " + ", ".join(f"{kind} http://{args.host}:{port}/metrics"
@@ -267,9 +284,10 @@ def cmd_orchestrator(args) -> None:
     from tandem.orchestrator.app import start_ingress, stop_ingress
 
     config = orchestrator_config(args)
-    _check_ingress_port(args.grpc_port, "orchestrator")
-    start_ingress(config, args.grpc_port, host=args.host)
+    _check_ingress_ports(args, "orchestrator")
+    start_ingress(config, args.grpc_port, args.http_port, host=args.host)
     print(f"tandem orchestrator: gRPC ingress on port {args.grpc_port}", flush=True)
+    _say_openai_api(args.host, args.http_port)
     _say_access(vars(config), args.grpc_port)
     _wait_for_signal()
     stop_ingress(config.app_name)
@@ -512,6 +530,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--target-model", help="Hugging Face model directory (default: the shipped pair)")
     up.add_argument("--draft-model", help="Hugging Face model directory (default: the shipped pair)")
     up.add_argument("--grpc-port", type=int, default=9000)
+    up.add_argument("--http-port", type=int, default=8000, help=HTTP_PORT_HELP)
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--threads", type=int, default=0, help="torch threads per worker (default: half the cores)")
     up.add_argument("--device", default="cpu")
@@ -600,6 +619,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     orch.add_argument("--tokenizer", help="tokenizer directory (default: token-id prompts only)")
     orch.add_argument("--grpc-port", type=int, default=9000)
+    orch.add_argument("--http-port", type=int, default=8000, help=HTTP_PORT_HELP)
     orch.add_argument("--host", default="127.0.0.1",
                       help="the interface of what tandem binds here (Prometheus, Serve's HTTP); 0.0.0.0 for all")
     orch.add_argument("--max-gamma", type=int, default=8)

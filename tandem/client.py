@@ -100,6 +100,7 @@ def build_request(
     prompt: str | None, prompt_token_ids: list[int] | None, max_tokens: int | None,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
     gamma: int | str | None, verification: str | None = None, draft_shape: str | None = None,
+    ignore_eos: bool = False,
 ) -> wire.GenerationRequest:
     """Client-side checks (ValueError) and the wire request."""
     if (prompt is None) == (prompt_token_ids is None):
@@ -131,7 +132,7 @@ def build_request(
     return wire.GenerationRequest(
         prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), max_tokens=max_tokens or 0,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, gamma=gamma, verification=verification or "",
-        draft_shape=draft_shape or "",
+        draft_shape=draft_shape or "", ignore_eos=bool(ignore_eos),
     )
 
 
@@ -245,22 +246,24 @@ class Client(_Base):
                  max_tokens: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  gamma: int | str | None = None, timeout_s: float | None = None,
-                 verification: str | None = None, draft_shape: str | None = None) -> GenerationResult:
+                 verification: str | None = None, draft_shape: str | None = None,
+                 ignore_eos: bool = False) -> GenerationResult:
         """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy;
         verification ('token', 'block') and draft_shape ('chain', 'tree', 'auto'): None is the
-        server's default."""
+        server's default; ignore_eos: generate past the target's EOS, up to max_tokens."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape)
+                            verification, draft_shape, ignore_eos)
         return _fold(list(self._stream(self._follow(req, None, 0, timeout_s))))
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                gamma: int | str | None = None, timeout_s: float | None = None,
-               verification: str | None = None, draft_shape: str | None = None) -> Iterator[StreamChunk]:
+               verification: str | None = None, draft_shape: str | None = None,
+               ignore_eos: bool = False) -> Iterator[StreamChunk]:
         """Yield chunks as cycles commit them; the last one carries finish_reason and stats."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape)
+                            verification, draft_shape, ignore_eos)
         return self._stream(self._follow(req, None, 0, timeout_s))
 
     def resume(self, session_id: str, from_index: int = 0, *, timeout_s: float | None = None) -> Iterator[StreamChunk]:
@@ -321,18 +324,20 @@ class AsyncClient(_Base):
                        max_tokens: int | None = None, temperature: float | None = None,
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                        gamma: int | str | None = None, timeout_s: float | None = None,
-                       verification: str | None = None, draft_shape: str | None = None) -> GenerationResult:
+                       verification: str | None = None, draft_shape: str | None = None,
+                       ignore_eos: bool = False) -> GenerationResult:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape)
+                            verification, draft_shape, ignore_eos)
         return _fold([c async for c in self._stream(self._follow(req, None, 0, timeout_s))])
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
                max_tokens: int | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                gamma: int | str | None = None, timeout_s: float | None = None,
-               verification: str | None = None, draft_shape: str | None = None) -> AsyncIterator[StreamChunk]:
+               verification: str | None = None, draft_shape: str | None = None,
+               ignore_eos: bool = False) -> AsyncIterator[StreamChunk]:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape)
+                            verification, draft_shape, ignore_eos)
         return self._stream(self._follow(req, None, 0, timeout_s))
 
     def resume(self, session_id: str, from_index: int = 0, *,

@@ -145,19 +145,20 @@ class LocalCluster:
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
                  draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
                  options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False,
-                 worker_args: Sequence[str] = (), drafter: str = "hybrid") -> None:
+                 worker_args: Sequence[str] = (), drafter: str = "hybrid", http_port: int = 0) -> None:
         """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...). tls_dir: mutual
         TLS between the orchestrator and the workers, with the CA and certificates kept there
         (made by tandem.certs when absent, or when they do not name `host`). metrics_fallback: a
         worker whose metrics port is taken gets a free one (metrics_ports says which) instead of
         failing start(). worker_args: more `tandem worker` flags for every worker. drafter: "hybrid"
         (`tandem worker hybrid` on draft_model), "model" (`tandem worker draft` on draft_model) or
-        "ngram" (`tandem worker ngram`, no model)."""
+        "ngram" (`tandem worker ngram`, no model). http_port: the OpenAI-compatible API's (0: a free
+        port; options' openai_api turns the API off)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
         self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
-        self.grpc_port, self.host = grpc_port, host
+        self.grpc_port, self.http_port, self.host = grpc_port, http_port, host
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
         # Workers on a small machine: split the cores, or they fight over threads.
         self.threads = threads or max(1, (os.cpu_count() or 2) // len(self.names))
@@ -179,6 +180,11 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """The OpenAI-compatible API's base URL (once started)."""
+        return f"http://{self.host}:{self.http_port}{self.config.route_prefix.rstrip('/')}/v1"
 
     @property
     def workers(self) -> dict[str, subprocess.Popen]:
@@ -211,7 +217,7 @@ class LocalCluster:
                 draft_ahead=self.draft_ahead, replicas=self.replicas, metrics_host=self.host,
                 tls=self.tls["orchestrator"] if self.tls else None, **self.options,
             )
-            start_ingress(config, self.grpc_port, host=self.host)
+            self.http_port = start_ingress(config, self.grpc_port, self.http_port, host=self.host)
             self.config = config
             self.supervisor.start()
         except BaseException:

@@ -7,7 +7,8 @@ tandem's own parser into the same OrchestratorConfig that `tandem orchestrator` 
 (tandem.cli.orchestrator_config). The Redis URL and the ingress token may come from the
 environment of the Ray pods (REDIS_URL, TANDEM_API_KEY), as for `tandem orchestrator`, so no
 secret need be written into the Serve config. Serve's gRPC ingress itself (its port, tandem's
-servicer function) is the Serve config's grpc_options, so `--grpc-port` is refused here.
+servicer function) is the Serve config's grpc_options, so `--grpc-port` is refused here; likewise
+its HTTP port is http_options', and `--http-port` may only be 0 (the OpenAI API off).
 
 Needs the server extra (Ray); imports point one way: this module imports tandem.cli and
 tandem.orchestrator, and nothing under them imports it.
@@ -44,6 +45,9 @@ def config(argv: list[str]) -> OrchestratorConfig:
         # argparse prints its usage and then the error, and exits; the message is the last line.
         with contextlib.redirect_stderr(errors):
             args = cli.parser().parse_args(["orchestrator", *argv])
+        if _names(argv, "--http-port") and args.http_port != 0:
+            raise SystemExit("--http-port: the Serve config's http_options.port sets the OpenAI API's port "
+                             "(--http-port 0 turns the API off)")
         return cli.orchestrator_config(args)
     except SystemExit as e:
         lines = errors.getvalue().strip().splitlines()

@@ -11,6 +11,9 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from randompair import build_tokenizer, llama_config
 
 PROMPT_LEN = 8
+# A chat template for the pair's tokenizer, so that /v1/chat/completions has one to render.
+CHAT_TEMPLATE = ("{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}")
 
 
 def _prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
@@ -24,6 +27,7 @@ def pair(tmp_path_factory) -> dict:
     tokenizer, and an EOS token chosen so that some greedy continuations end early."""
     root = tmp_path_factory.mktemp("pair")
     tokenizer = build_tokenizer(300, max_chars=100_000)
+    tokenizer.chat_template = CHAT_TEMPLATE
     vocab = len(tokenizer)
     config = llama_config(vocab, 2, 64, eos_token_id=None, max_context=256, init_std=0.3)
     torch.manual_seed(0)
@@ -106,6 +110,7 @@ def cluster(pair, workers, redis_url):
     config = OrchestratorConfig(draft_addresses=(workers["draft"],), target_addresses=(workers["target"],),
                                 redis_url=redis_url, tokenizer=pair["target"], max_gamma=8, metrics_port=free_port())
     port = free_port()
-    start_ingress(config, port)
-    yield {"address": f"127.0.0.1:{port}", "config": config, "port": port}
+    http_port = start_ingress(config, port)
+    yield {"address": f"127.0.0.1:{port}", "config": config, "port": port, "http_port": http_port,
+           "base_url": f"http://127.0.0.1:{http_port}/v1"}
     stop_ingress(config.app_name)

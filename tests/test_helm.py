@@ -7,7 +7,8 @@ schema (tests/helm_values/, vendored from two KubeRay releases) and its serveCon
 Serve's own schema. Then the wiring: pools, Services, Redis and its Secret, OTEL variables,
 probes, security contexts, NetworkPolicies (evaluated as a CNI would), every container command
 parsed by tandem's CLI, the RayService's Serve application built by its rendered import_path
-(tandem.serve_app), and bad values refused by values.schema.json with their message.
+(tandem.serve_app), the OpenAI-compatible API's port on and off, and bad values refused by
+values.schema.json with their message.
 
 What only a real cluster would show: helm/tandem/README.md, "What is and is not tested".
 """
@@ -112,9 +113,9 @@ def merged_values(files: list[str]) -> dict:
 class Rendered:
     """One value set's rendered objects, and what the tests ask of them."""
 
-    def __init__(self, name: str, text: str) -> None:
+    def __init__(self, name: str, text: str, values: dict | None = None) -> None:
         self.name = name
-        self.values = merged_values(VALUE_SETS[name])
+        self.values = values if values is not None else merged_values(VALUE_SETS[name])
         self.objects = [o for o in yaml.load_all(text, Loader=Loader) if o]
 
     def of(self, kind: str) -> list[dict]:
@@ -225,29 +226,35 @@ def test_lint_strict(helm):
         assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, f"{name}:\n{result.stdout}"
 
 
+def validate_strictly(r: Rendered, checked: set[str], seen: set[str]) -> None:
+    """The built-in objects of a render, and the pod templates and Service inside its RayService,
+    against Kubernetes's schemas with unknown fields refused (CHECKED: hashes already done)."""
+    objects = list(r.objects)
+    for rs in r.of("RayService"):  # what KubeRay turns into pods and a Service
+        for where, meta, spec in pod_templates([rs]):
+            objects.append({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                            "template": {"metadata": meta, "spec": spec}})
+        objects.append({"apiVersion": "v1", "kind": "Service", **rs["spec"]["serveService"]})
+    for o in objects:
+        seen.add(o["kind"])
+        if o["kind"] in CUSTOM_KINDS:
+            continue
+        key = hashlib.sha256(json.dumps(o, sort_keys=True).encode()).hexdigest()
+        if key in checked:
+            continue
+        try:
+            kubernetes_validate.validate(o, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{r.name}: {o['kind']} {o.get('metadata', {}).get('name')}: {e.message} at {list(e.path)}")
+        checked.add(key)
+
+
 def test_builtin_objects_validate_strictly_against_kubernetes(rendered):
     """Every built-in object, and the pod templates and Service inside the RayService, against
     Kubernetes 1.30's schemas with unknown fields refused; nothing is skipped but custom kinds."""
     checked, seen = set(), set()
-    for name, r in rendered.items():
-        objects = list(r.objects)
-        for rs in r.of("RayService"):  # what KubeRay turns into pods and a Service
-            for where, meta, spec in pod_templates([rs]):
-                objects.append({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
-                                "template": {"metadata": meta, "spec": spec}})
-            objects.append({"apiVersion": "v1", "kind": "Service", **rs["spec"]["serveService"]})
-        for o in objects:
-            seen.add(o["kind"])
-            if o["kind"] in CUSTOM_KINDS:
-                continue
-            key = hashlib.sha256(json.dumps(o, sort_keys=True).encode()).hexdigest()
-            if key in checked:
-                continue
-            try:
-                kubernetes_validate.validate(o, KUBE_VERSION, strict=True)
-            except kubernetes_validate.ValidationError as e:
-                pytest.fail(f"{name}: {o['kind']} {o.get('metadata', {}).get('name')}: {e.message} at {list(e.path)}")
-            checked.add(key)
+    for r in rendered.values():
+        validate_strictly(r, checked, seen)
     # What the value sets cover, all together.
     assert {"Deployment", "StatefulSet", "Service", "Secret", "ServiceAccount", "NetworkPolicy",
             "PodDisruptionBudget", "HorizontalPodAutoscaler", "Ingress", "Pod", "PodTemplate"} <= seen
@@ -300,12 +307,27 @@ def test_rayservice_follows_kuberay_v1(rendered):
         assert rc["headGroupSpec"]["template"]["spec"]["containers"][0]["name"] == "ray-head"
         for group in rc["workerGroupSpecs"]:
             assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+        check_kuberay_ports(rendered[name], rs)
+
+
+def check_kuberay_ports(r: Rendered, rs: dict) -> None:
+    """The Ray containers' ports and the serve Service's: the gRPC ingress, Serve's HTTP port
+    (the OpenAI API's when httpPort is not 0), no "metrics"."""
+    o = r.values["orchestrator"]
+    rc = rs["spec"]["rayClusterConfig"]
+    groups = [rc["headGroupSpec"]] + rc.get("workerGroupSpecs", [])
+    for group in groups:
+        ports = {p["name"]: p["containerPort"] for p in group["template"]["spec"]["containers"][0]["ports"]}
         # KubeRay exposes a head port named "serve-" on its serve Service: the gRPC ingress.
-        head_ports = {p["name"]: p["containerPort"] for p in
-                      rc["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
-        assert head_ports["serve-grpc"] == rendered[name].values["orchestrator"]["grpcPort"]
-        assert "metrics" not in head_ports  # KubeRay would take it for Ray's own metrics port
-        assert [p["name"] for p in rs["spec"]["serveService"]["spec"]["ports"]] == ["serve-grpc"]
+        assert ports["serve-grpc"] == o["grpcPort"]
+        # "serve": Serve's HTTP port, where KubeRay checks each pod's proxy (/-/healthz).
+        assert ports["serve"] == yaml.safe_load(rs["spec"]["serveConfigV2"])["http_options"]["port"]
+        assert "metrics" not in ports  # KubeRay would take it for Ray's own metrics port
+    service_ports = {p["name"]: p for p in rs["spec"]["serveService"]["spec"]["ports"]}
+    assert list(service_ports) == (["serve-grpc", "http"] if o["httpPort"] else ["serve-grpc"])
+    if o["httpPort"]:
+        assert service_ports["http"] == {"name": "http", "port": o["httpPort"], "targetPort": o["httpPort"],
+                                         "protocol": "TCP", "appProtocol": "http"}
 
 
 def test_the_kuberay_schema_check_can_fail(rendered):
@@ -390,7 +412,8 @@ def test_serve_config_is_ray_serves(rendered):
 
         o = r.values["orchestrator"]
         assert config["grpc_options"] == {"port": o["grpcPort"], "grpc_servicer_functions": SERVICER_FUNCTIONS}
-        assert app["name"] == OrchestratorConfig.app_name and app["route_prefix"] == f"/{OrchestratorConfig.app_name}"
+        check_serve_http(r)
+        assert app["name"] == OrchestratorConfig.app_name
         assert app["deployments"] == [{"name": "GenerationService", "num_replicas": o["replicas"]}]
         argv = app["args"]["argv"]
         assert argv[argv.index("--replicas") + 1] == str(o["replicas"])
@@ -402,6 +425,20 @@ def test_serve_config_is_ray_serves(rendered):
                 assert env[key] == value, f"{name} {where}: {key}"
             assert "PYTHONPATH" not in env  # the builder is tandem's own, installed in the image
     assert {n for n, r in rendered.items() if r.of("RayService")} == set(VALUE_SETS) - {"kuberay-off"}
+
+
+def check_serve_http(r: Rendered) -> None:
+    """Serve's HTTP options and the application's route: the OpenAI API at http://<service>:httpPort/v1.
+    The port is http_options' (tandem.serve_app refuses a non-zero --http-port); httpPort 0 leaves
+    Serve's HTTP proxy on Ray's 8000 (KubeRay checks it) and gives the app --http-port 0."""
+    config = serve_config(r)
+    http_port = r.values["orchestrator"]["httpPort"]
+    assert config["http_options"] == {"host": "0.0.0.0", "port": http_port or 8000}
+    (app,) = config["applications"]
+    assert app["route_prefix"] == "/"
+    argv = app["args"]["argv"]
+    given = [argv[i + 1] for i, a in enumerate(argv) if a.startswith("--http")]
+    assert given == ([] if http_port else ["0"])
 
 
 def serve_builder(r: Rendered):
@@ -465,8 +502,9 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
             monkeypatch.setenv(key, value.replace("/etc/tandem/redis-tls", local_files["/etc/tandem/redis-tls"]))
         argv = flags = localize(serve_argv(r), local_files)  # flags: what `tandem orchestrator` gets
         if name == "kuberay-off":
-            assert argv[-2] == "--grpc-port"  # the one flag serveConfigV2 sets instead
-            argv = argv[:-2]
+            # The flags serveConfigV2 sets instead (grpc_options, http_options).
+            assert argv[-4::2] == ["--grpc-port", "--http-port"]
+            argv = argv[:-4]
         if r.of("RayService"):
             builder = serve_builder(r)
             assert builder is serve_app.app
@@ -491,6 +529,7 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
         assert config.draft_shape == v["orchestrator"]["draftShape"]
         assert config.tree_widths == tuple(v["orchestrator"]["treeWidths"])
         assert config.tokenizer is not None
+        assert config.openai_api == (v["orchestrator"]["httpPort"] != 0)
         assert config.redis_url == os.environ["REDIS_URL"]
         check_redis_url(r, env["REDIS_URL"])
 
@@ -647,6 +686,9 @@ def test_container_commands_are_the_tandem_cli(r):
                     assert args.metrics_port in {p["containerPort"] for p in c["ports"]}
                 if not where.startswith("RayService"):
                     assert args.grpc_port == port_named(c, "grpc")
+                    assert args.http_port == r.values["orchestrator"]["httpPort"]
+                    if args.http_port:
+                        assert args.http_port == port_named(c, "http")
             elif args.command == "generate":
                 assert args.address == f"{FULLNAME}-orchestrator:{r.values['orchestrator']['grpcPort']}"
                 assert args.prompt_ids and args.wait > 0
@@ -665,7 +707,7 @@ def test_container_commands_are_the_tandem_cli(r):
 def test_extra_args_and_env_reach_the_containers(rendered):
     r = rendered["kuberay-off"]
     orchestrator = r.get("Deployment", f"{FULLNAME}-orchestrator")["spec"]["template"]["spec"]["containers"][0]
-    assert orchestrator["args"][-4:] == ["--max-gamma", "6", "--grpc-port", "9000"]
+    assert orchestrator["args"][-6:] == ["--max-gamma", "6", "--grpc-port", "9000", "--http-port", "8000"]
     assert "--no-draft-ahead" in orchestrator["args"]
     drafter = r.get("Deployment", f"{FULLNAME}-drafter")["spec"]["template"]["spec"]["containers"][0]
     assert drafter["args"][-2:] == ["--max-batch-tokens", "256"]
@@ -955,6 +997,8 @@ def needed_paths(r: Rendered, endpoints: dict[str, Endpoint]) -> set[tuple[str, 
     clients = CLIENTS.get(r.name, [e.name for e in OUTSIDE])
     for c in clients + (["test"] if v["test"]["enabled"] else []):
         paths.add((c, "orchestrator", o["grpcPort"], "TCP"))
+    if o["httpPort"]:  # the OpenAI API: the same clients (the helm test pod speaks gRPC only)
+        paths |= {(c, "orchestrator", o["httpPort"], "TCP") for c in clients}
     paths |= {("orchestrator", "drafter", v["drafter"]["port"], "TCP"),
               ("orchestrator", "verifier", v["verifier"]["port"], "TCP")}
     if v["redis"]["mode"] == "builtin":
@@ -985,6 +1029,10 @@ def needed_paths(r: Rendered, endpoints: dict[str, Endpoint]) -> set[tuple[str, 
 
 
 def test_network_policies_allow_exactly_the_needed_paths(r):
+    check_network_policies(r)
+
+
+def check_network_policies(r: Rendered) -> None:
     policies = r.of("NetworkPolicy")
     endpoints = {e.name: e for e in release_endpoints(r) + OUTSIDE}
     assert {"drafter", "verifier", "orchestrator", "test"} <= set(endpoints)
@@ -1003,6 +1051,105 @@ def test_network_policies_off(extra_renders):
     assert "kind: NetworkPolicy" in extra_renders["api-key"]
 
 
+# --- the OpenAI-compatible API --------------------------------------------------------------
+
+
+# orchestrator.httpPort varied: off under KubeRay and without it, another port under KubeRay.
+HTTP_VARIATIONS = {
+    "http-off": ([], 0),
+    "http-off-kuberay-off": (VALUE_SETS["kuberay-off"], 0),
+    "http-8443": ([], 8443),
+}
+
+
+@pytest.fixture(scope="module")
+def http_renders(helm) -> dict[str, Rendered]:
+    results = helm([template_args(files, extra=("--set", f"orchestrator.httpPort={port}"))
+                    for files, port in HTTP_VARIATIONS.values()])
+    out = {}
+    for (name, (files, port)), result in zip(HTTP_VARIATIONS.items(), results):
+        assert result.returncode == 0, f"{name}: helm template failed:\n{result.stderr}"
+        values = merged_values(files)
+        values["orchestrator"]["httpPort"] = port
+        out[name] = Rendered(name, result.stdout, values)
+    return out
+
+
+def orchestrator_service_ports(r: Rendered) -> dict[str, dict]:
+    """The ports of the Service clients call: KubeRay's serve Service, or the Deployment's."""
+    if r.of("RayService"):
+        return {p["name"]: p for p in r.of("RayService")[0]["spec"]["serveService"]["spec"]["ports"]}
+    return {p["name"]: p for p in r.get("Service", f"{FULLNAME}-orchestrator")["spec"]["ports"]}
+
+
+def reaches_orchestrator(r: Rendered, port: int) -> dict[str, bool]:
+    """Whether the NetworkPolicies let each client (outside the release, and the helm test pod)
+    open PORT on the orchestrator."""
+    policies = r.of("NetworkPolicy")
+    endpoints = {e.name: e for e in release_endpoints(r) + OUTSIDE}
+    return {c: allowed(policies, endpoints[c], endpoints["orchestrator"], port, "TCP")
+            for c in ("internet", "neighbour", "gateway", "test")}
+
+
+def test_openai_api_on_by_default(rendered):
+    """httpPort 8000 by default: a port `http` on the Service clients call, `--http-port 8000` in
+    the Deployment's command, Serve's http_options.port under KubeRay (route "/", so the base URL
+    is http://<service>:8000/v1), open to the clients the gRPC ingress is open to."""
+    for name in ("default", "kuberay-off"):
+        r = rendered[name]
+        assert r.values["orchestrator"]["httpPort"] == 8000
+        http = orchestrator_service_ports(r)["http"]
+        assert (http["port"], http["protocol"], http["appProtocol"]) == (8000, "TCP", "http")
+        assert reaches_orchestrator(r, 8000) == {"internet": True, "neighbour": True, "gateway": True, "test": False}
+    c = rendered["kuberay-off"].get("Deployment", f"{FULLNAME}-orchestrator")["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][c["args"].index("--http-port") + 1] == "8000"
+    assert port_named(c, "http") == 8000 and http["targetPort"] == "http"
+    rs = rendered["default"].get("RayService", f"{FULLNAME}-orchestrator")
+    check_serve_http(rendered["default"])  # http_options.port 8000, route "/", no --http-port
+    check_kuberay_ports(rendered["default"], rs)
+    # Where clients are narrowed, the API is narrowed the same way.
+    assert reaches_orchestrator(rendered["secure"], 8000) == \
+        {"internet": False, "neighbour": False, "gateway": True, "test": False}
+
+
+def test_openai_api_port_off_or_moved(http_renders, local_files):
+    """httpPort 0: no `http` port anywhere, `--http-port 0` for `tandem orchestrator` and for the
+    Serve application (the API's routes off; Serve's HTTP proxy stays on Ray's 8000, closed to
+    clients). Another port: Serve's http_options.port, the Ray containers' `serve` port, the
+    Service's and the NetworkPolicy's. Each render valid for Kubernetes, KubeRay and Serve."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from tandem import serve_app
+
+    checked, seen = set(), set()
+    for name, r in http_renders.items():
+        http_port = r.values["orchestrator"]["httpPort"]
+        validate_strictly(r, checked, seen)
+        check_network_policies(r)
+        assert ("http" in orchestrator_service_ports(r)) == bool(http_port), name
+        assert not any(reaches_orchestrator(r, 8000).values()), name
+        if http_port:
+            assert reaches_orchestrator(r, http_port)["internet"], name
+        argv = serve_argv(r)
+        if r.of("RayService"):
+            rs = r.get("RayService", f"{FULLNAME}-orchestrator")
+            for version in KUBERAY_VERSIONS:
+                assert not list(kuberay_validator(version).iter_errors(rs)), f"{name}: KubeRay {version}"
+            ServeDeploySchema.model_validate(serve_config(r))
+            check_serve_http(r)
+            check_kuberay_ports(r, rs)
+        else:
+            c = r.get("Deployment", f"{FULLNAME}-orchestrator")["spec"]["template"]["spec"]["containers"][0]
+            assert argv[-2:] == ["--http-port", str(http_port)]
+            assert "http" not in {p["name"] for p in c["ports"]}
+            argv = argv[:-4] + argv[-2:]  # without --grpc-port, which serveConfigV2 would set instead
+        # The application and `tandem orchestrator` take these flags alike: the API off with port 0.
+        config = serve_app.config(localize(argv, local_files))
+        assert config.openai_api == bool(http_port), name
+        assert config == cli_config(localize(serve_argv(r), local_files))
+    assert seen >= {"RayService", "Deployment", "Service", "NetworkPolicy"}
+
+
 # --- values the schema refuses ---------------------------------------------------------------
 
 
@@ -1019,6 +1166,7 @@ BAD_VALUES = [
     (["--set", "tracing.ratio=1.5"], "tracing.ratio: Does not match pattern"),
     (["--set", "tracing.sampler=sometimes"], "tracing.sampler: tracing.sampler must be one of the following"),
     (["--set", "orchestrator.grpcPort=70000"], "orchestrator.grpcPort: Must be less than or equal to 65535"),
+    (["--set", "orchestrator.httpPort=70000"], "orchestrator.httpPort: Must be less than or equal to 65535"),
     (["--set", "orchestrator.maxGamma=65"], "orchestrator.maxGamma: Must be less than or equal to 64"),
     (["--set", "drafter.kind=tree"],
      'drafter.kind: drafter.kind must be one of the following: "model", "ngram", "hybrid"'),
@@ -1040,6 +1188,12 @@ BAD_VALUES = [
     (["--set", "verifier.kind=hybrid"], "verifier.kind is hybrid: only the drafter pool can draft by n-gram lookup"),
     (["--set", "drafter.metricsPort=50051"], "drafter.port and drafter.metricsPort are both 50051"),
     (["--set", "orchestrator.metricsPort=8080"], "orchestrator.metricsPort 8080 is a port Ray uses under KubeRay"),
+    (["--set", "orchestrator.httpPort=0,orchestrator.metricsPort=8000"],  # Serve's HTTP proxy stays on 8000
+     "orchestrator.metricsPort 8000 is a port Ray uses under KubeRay"),
+    (["--set", "orchestrator.httpPort=8265"], "orchestrator.httpPort 8265 is a port Ray uses under KubeRay"),
+    (["--set", "orchestrator.httpPort=9000"], "orchestrator.httpPort and orchestrator.grpcPort are both 9000"),
+    (["--set", "orchestrator.kind=Deployment,orchestrator.httpPort=9100"],
+     "orchestrator.httpPort and orchestrator.metricsPort are both 9100"),
 ]
 
 

@@ -41,6 +41,13 @@ def test_grpc_port_is_the_serve_configs(flag):
         serve_app.app({"argv": argv})
 
 
+def test_http_port_is_the_serve_configs_and_zero_turns_the_openai_api_off():
+    assert serve_app.config(FLAGS).openai_api
+    assert not serve_app.config([*FLAGS, "--http-port", "0"]).openai_api
+    with pytest.raises(ValueError, match="--http-port: .*http_options.port"):
+        serve_app.config([*FLAGS, "--http-port", "8001"])
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--draft", "a:1"], "required: --target"),
     ([*FLAGS, "--bogus"], "unrecognized arguments: --bogus"),

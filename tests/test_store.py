@@ -236,11 +236,11 @@ def test_what_the_orchestrator_raises_crosses_ray_intact():
     import pickle
 
     from tandem.orchestrator.cycle import NoWorker
-    from tandem.orchestrator.deployment import _Refused
+    from tandem.orchestrator.refusals import Refused
     from tandem.wire.validation import invalid
 
     for error in (Fenced("s1", "taken over"), NoWorker("target", 30.0), StoreUnavailable("down"),
-                  _Refused(grpc.StatusCode.UNAVAILABLE, "no verifier"), invalid("gamma", "bad")):
+                  Refused(grpc.StatusCode.UNAVAILABLE, "no verifier"), invalid("gamma", "bad")):
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error) and vars(copy) == vars(error)
 

@@ -50,6 +50,7 @@ class GenerationRequest:
     gamma: int | None = None
     verification: str = ""  # "token", "block", or "" for the server's default
     draft_shape: str = ""  # "chain", "tree", "auto", or "" for the server's default
+    ignore_eos: bool = False  # generate past the target's EOS, up to max_tokens
 
 
 def _opt(msg, name):
@@ -89,7 +90,7 @@ def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> Generatio
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,
         temperature=_opt(msg, "temperature"), top_k=_opt(msg, "top_k"), top_p=_opt(msg, "top_p"),
         seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"), verification=verification,
-        draft_shape=_SHAPE_OF_PB[msg.draft_shape],
+        draft_shape=_SHAPE_OF_PB[msg.draft_shape], ignore_eos=msg.ignore_eos,
     )
 
 

@@ -160,11 +160,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- fail (printf "%s.port and %s.metricsPort are both %d" $pool $pool (int $v.port)) }}
 {{- end }}
 {{- end }}
-{{- if eq (int .Values.orchestrator.grpcPort) (int .Values.orchestrator.metricsPort) }}
-{{- fail (printf "orchestrator.grpcPort and orchestrator.metricsPort are both %d" (int .Values.orchestrator.grpcPort)) }}
+{{- $o := .Values.orchestrator }}
+{{- if eq (int $o.grpcPort) (int $o.metricsPort) }}
+{{- fail (printf "orchestrator.grpcPort and orchestrator.metricsPort are both %d" (int $o.grpcPort)) }}
 {{- end }}
-{{- if and (eq .Values.orchestrator.kind "RayService") (has (int .Values.orchestrator.metricsPort) (list 6379 8000 8080 8265 10001 52365)) }}
-{{- fail (printf "orchestrator.metricsPort %d is a port Ray uses under KubeRay" (int .Values.orchestrator.metricsPort)) }}
+{{- range $other := list "grpcPort" "metricsPort" }}
+{{- if and (ne (int $o.httpPort) 0) (eq (int $o.httpPort) (int (index $o $other))) }}
+{{- fail (printf "orchestrator.httpPort and orchestrator.%s are both %d" $other (int $o.httpPort)) }}
+{{- end }}
+{{- end }}
+{{- if eq $o.kind "RayService" }}
+{{- if has (int $o.metricsPort) (list 6379 8080 8265 10001 52365 (int (include "tandem.servePort" .))) }}
+{{- fail (printf "orchestrator.metricsPort %d is a port Ray uses under KubeRay" (int $o.metricsPort)) }}
+{{- end }}
+{{- if has (int $o.httpPort) (list 6379 8080 8265 10001 52365) }}
+{{- fail (printf "orchestrator.httpPort %d is a port Ray uses under KubeRay" (int $o.httpPort)) }}
+{{- end }}
 {{- end }}
 {{- if eq .Values.redis.mode "external" }}
 {{- $e := .Values.redis.external }}
@@ -459,6 +470,12 @@ prometheus.io/path: /metrics
 {{- $flags = append $flags (toString .) }}
 {{- end }}
 {{- toJson $flags }}
+{{- end }}
+
+{{/* Serve's HTTP port under KubeRay: orchestrator.httpPort, or Ray's default 8000 when the OpenAI
+     API is off (Serve's HTTP proxy still runs there: KubeRay checks its /-/healthz). */}}
+{{- define "tandem.servePort" -}}
+{{- int .Values.orchestrator.httpPort | default 8000 }}
 {{- end }}
 
 {{/* The orchestrator's environment: Redis, the token, tracing, a writable HOME. */}}

@@ -80,7 +80,7 @@ annotations:
 {{- end }}
 {{- define "tandem.rayPorts" -}}
 - name: serve
-  containerPort: 8000
+  containerPort: {{ include "tandem.servePort" .root }}
   protocol: TCP
 - name: serve-grpc
   containerPort: {{ .root.Values.orchestrator.grpcPort }}
