@@ -168,8 +168,7 @@ class GenerationService:
     async def _start(self, request) -> Session:
         await self.connect_or_refuse()
         decoded = request if isinstance(request, wire.GenerationRequest) else wire.generation_request_from_pb(request)
-        prompt, resolved = await asyncio.get_running_loop().run_in_executor(
-            self._tokenizing, resolve, decoded, self.limits, self.tokenizer)
+        prompt, resolved = await self.off_loop(resolve, decoded, self.limits, self.tokenizer)
         session = Session(uuid.uuid4().hex, resolved, list(prompt), self._policy.for_session(), owner=_writer())
         await self.store.create(session)
         return session

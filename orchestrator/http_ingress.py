@@ -8,8 +8,10 @@ workers serve both.
     GET  /metrics                               this replica's Prometheus metrics
 
 A stream is resumable: its response header x-tandem-session-id names the session, and each
-event's SSE `id` is how many tokens it has delivered. A client that lost the stream sends the
-same request again with that header and `Last-Event-ID`, and gets the rest.
+chunk's `resume_index` is how many tokens it has delivered. A client that lost the stream sends
+the same request again with that header and x-tandem-resume-index, and gets the rest. (Not SSE
+`id:` lines: the field's stream parsers, `vllm bench serve`'s among them, take every event for
+a lone `data:` line.)
 
 The routes find their replica through Serve's replica context and call its session core; this
 module imports nothing of the deployment's (the deployment imports it).
@@ -40,6 +42,7 @@ log = logging.getLogger("tandem.orchestrator")
 
 MAX_BODY_BYTES = 4 << 20  # as the gRPC ingress's largest request
 SESSION_HEADER = "x-tandem-session-id"
+RESUME_HEADER = "x-tandem-resume-index"
 MAX_RESUME_INDEX = 2**32 - 1  # a ResumeRequest's from_index
 
 _STATUS = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.OUT_OF_RANGE: 400,
@@ -156,7 +159,7 @@ async def _generate(request: Request, kind: str) -> Response:
         prompt = await service.off_loop(_prompt_ids, req, service.limits, service.tokenizer)
         session_id = request.headers.get(SESSION_HEADER)
         if session_id:
-            answer = await _resumed(service, req, call, prompt, session_id, _last_event_id(request))
+            answer = await _resumed(service, req, call, prompt, session_id, _resume_index(request))
         else:
             req.generation.prompt, req.generation.prompt_token_ids = "", prompt  # tokenized once
             answer = _Answer(service, req, service.generation(req.generation, call), len(prompt))
@@ -196,10 +199,10 @@ async def _body(request: Request) -> object:
         raise invalid("body", f"not valid JSON: {e}") from None
 
 
-def _last_event_id(request: Request) -> int:
-    value = request.headers.get("last-event-id", "0").strip() or "0"
+def _resume_index(request: Request) -> int:
+    value = request.headers.get(RESUME_HEADER, "0").strip() or "0"
     if not value.isdigit() or int(value) > MAX_RESUME_INDEX:
-        raise invalid("Last-Event-ID", f"the last event id the stream sent (tokens delivered), got {value[:40]!r}")
+        raise invalid(RESUME_HEADER, f"the last resume_index the stream sent, got {value[:40]!r}")
     return int(value)
 
 
@@ -288,7 +291,7 @@ class _Answer:
         try:
             async for text, reason in self.pieces():
                 if text or reason:
-                    yield _event(shaper.chunk(text, reason, first), len(self.generated))
+                    yield _event(shaper.chunk(text, reason, first) | {"resume_index": len(self.generated)})
                     first = False
             if self.req.include_usage:
                 yield _event(shaper.last(self.prompt_tokens, len(self.generated), self.per_cycle))
@@ -297,9 +300,8 @@ class _Answer:
         yield b"data: [DONE]\n\n"
 
 
-def _event(body: dict, event_id: int | None = None) -> bytes:
-    data = json.dumps(body, separators=(",", ":"))
-    return (f"id: {event_id}\ndata: {data}\n\n" if event_id is not None else f"data: {data}\n\n").encode()
+def _event(body: dict) -> bytes:
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _tokens_to(tokenizer, generated: list[int], end: int) -> int:

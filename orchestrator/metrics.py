@@ -1,6 +1,7 @@
 """The orchestrator's Prometheus metrics, with vLLM's speculative-decoding names and meaning
-under a `tandem:` prefix (counters are exposed with prometheus_client's `_total` suffix, as
-vLLM's are). Served over HTTP by `serve(port)` from the Ray Serve replica's process."""
+under a `tandem:` prefix, and the four spec-decode counters under vLLM's own names too
+(counters are exposed with prometheus_client's `_total` suffix, as vLLM's are). Served over
+HTTP by `serve(port)` from the Ray Serve replica's process, and on the OpenAI API's /metrics."""
 
 import functools
 import time

@@ -254,22 +254,23 @@ def test_a_dropped_stream_is_recorded_abandoned_and_resumes(cluster, api, model,
     whole = api.completions.create(model=model, prompt=PROMPT, max_tokens=60, temperature=0,
                                    extra_body={"ignore_eos": True}, stop=["\n\n\n\n\n\n"]).choices[0].text
     url = f"{cluster['base_url']}/completions"
-    texts, last_id = [], "0"
+    texts = []
     with httpx.stream("POST", url, json=body, timeout=60) as answer:
         session_id = answer.headers["x-tandem-session-id"]
         for line in answer.iter_lines():
-            if line.startswith("id: "):
-                last_id = line[4:]
-            elif line.startswith("data: {"):
-                texts.append(json.loads(line[6:])["choices"][0]["text"])
+            assert not line or line.startswith("data: ")  # lone data lines, as the field's parsers read them
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                texts.append(chunk["choices"][0]["text"])
                 if len(texts) == 3:
                     break
+    resume_index = str(chunk["resume_index"])
     deadline = time.monotonic() + 60
     while asyncio.run(read_session(redis_url, session_id)).status != "abandoned":
         assert time.monotonic() < deadline, "the dropped stream's session was not recorded abandoned"
         time.sleep(0.2)
     with httpx.stream("POST", url, json=body, timeout=60,
-                      headers={"x-tandem-session-id": session_id, "Last-Event-ID": last_id}) as answer:
+                      headers={"x-tandem-session-id": session_id, "x-tandem-resume-index": resume_index}) as answer:
         assert answer.status_code == 200 and answer.headers["x-tandem-session-id"] == session_id
         texts += [json.loads(line[6:])["choices"][0]["text"] for line in answer.iter_lines()
                   if line.startswith("data: {")]
