@@ -41,7 +41,7 @@ import aiohttp
 import numpy as np
 
 from tandem.bench import summary
-from tandem.bench.runs import Run, _Timeline
+from tandem.bench.runs import Run, concurrent_runs
 from tandem.bench.vllm import VllmServer, free_port, preload_libraries
 from vllm_peer import (CLIENT, ROOT, VENV, ensure_vllm_venv, loadavg, machine, measure_level, say,
                        tandem_processes, vllm_version)
@@ -85,25 +85,9 @@ def num_prompts(args, level: int) -> int:
 
 def grpc_level(address: str, prompts: list[list[int]], level: int, max_tokens: int,
                seed: int) -> tuple[list[Run], float]:
-    """Every prompt through tandem.AsyncClient's stream, `level` at a time → (runs, wall seconds)."""
-    from tandem.client import AsyncClient
-
-    async def one(client, gate, i, prompt) -> Run:
-        async with gate:
-            timeline = _Timeline()
-            async for chunk in client.stream(prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0,
-                                             seed=seed + i, ignore_eos=True):
-                timeline.add_chunk(chunk)
-            return timeline.run("grpc", "greedy", i)
-
-    async def main() -> tuple[list[Run], float]:
-        gate = asyncio.Semaphore(level)
-        async with AsyncClient(address) as client:
-            start = time.perf_counter()
-            runs = await asyncio.gather(*(one(client, gate, i, p) for i, p in enumerate(prompts)))
-            return list(runs), time.perf_counter() - start
-
-    return asyncio.run(main())
+    """Every prompt through tandem.AsyncClient's stream, `level` at a time, as the HTTP path runs
+    them (adaptive γ, block verification, chains: the server's defaults) → (runs, wall seconds)."""
+    return concurrent_runs(address, "adaptive_block", "greedy", prompts, max_tokens, level, seed, ignore_eos=True)
 
 
 async def stream_http(session: aiohttp.ClientSession, v1: str, model: str, prompt: list[int], max_tokens: int,

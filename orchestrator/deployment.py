@@ -36,8 +36,8 @@ from tandem.orchestrator.config import OrchestratorConfig
 from tandem.orchestrator.cycle import NoWorker, SpeculativeLoop
 from tandem.orchestrator.detokenizer import IncrementalDetokenizer, resumed
 from tandem.orchestrator.policy import GammaPolicy
-from tandem.orchestrator.refusals import Refused, refusal
 from tandem.orchestrator.pool import WorkerPool
+from tandem.orchestrator.refusals import Refused, refusal
 from tandem.orchestrator.requests import Limits, resolve
 from tandem.orchestrator.session import Session, SessionRecord
 from tandem.orchestrator.store import FINISHED, Fenced, SessionStore, StoreUnavailable
@@ -132,8 +132,8 @@ class GenerationService:
             self.authorize(grpc_context)
             if self._in_flight >= self.config.max_sessions:
                 raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"sessions: {self._in_flight} generations in flight on this replica, at most "
-                               f"{self.config.max_sessions}; retry later")
+                              f"sessions: {self._in_flight} generations in flight on this replica, at most "
+                              f"{self.config.max_sessions}; retry later")
         except BaseException as e:
             _refuse(grpc_context, span, e)
             span.end()

@@ -85,29 +85,37 @@ def _service():
     return serve.get_replica_context().servable_object
 
 
-def _answer(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> tuple[int, dict]:
+    return status, error(message, _TYPE.get(status, "invalid_request_error"), param, code or _CODE.get(status))
+
+
+def _answer(status: int, body: dict) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"} if status == 429 else None
-    body = error(message, _TYPE.get(status, "invalid_request_error"), param, code or _CODE.get(status))
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _status(e: Exception, req: ApiRequest | None) -> tuple[int, dict]:
+    """The HTTP status and OpenAI error body of a failure."""
+    if isinstance(e, HttpError):
+        return _error(e.status, str(e), e.param, e.code)
+    refused = refusal(e)
+    if refused is None:
+        log.exception("an HTTP request failed")
+        return _error(500, f"internal error: {type(e).__name__}: {e}")
+    status = _STATUS.get(refused.code, 500)
+    if isinstance(e, FieldError):
+        return _error(status, str(e), field_name(e, req))
+    return _error(status, str(refused))
 
 
 def _failure(e: Exception, req: ApiRequest | None) -> JSONResponse:
     """The OpenAI error answering a failure before the response began."""
-    if isinstance(e, HttpError):
-        return _answer(e.status, str(e), e.param, e.code)
-    refused = refusal(e)
-    if refused is None:
-        log.exception("an HTTP request failed")
-        return _answer(500, f"internal error: {type(e).__name__}: {e}")
-    status = _STATUS.get(refused.code, 500)
-    if isinstance(e, FieldError):
-        return _answer(status, str(e), field_name(e, req))
-    return _answer(status, str(refused))
+    return _answer(*_status(e, req))
 
 
 @api.exception_handler(HTTPException)
 async def _http_exception(request: Request, e: HTTPException) -> JSONResponse:
-    return _answer(e.status_code, f"{request.method} {request.url.path}: {e.detail}")
+    return _answer(*_error(e.status_code, f"{request.method} {request.url.path}: {e.detail}"))
 
 
 # --- the routes ------------------------------------------------------------------------------
@@ -117,7 +125,7 @@ async def _http_exception(request: Request, e: HTTPException) -> JSONResponse:
 async def health() -> Response:
     if await _service().healthy():
         return Response(status_code=200)
-    return _answer(503, "no target verifier is up")
+    return _answer(*_error(503, "no target verifier is up"))
 
 
 @api.get("/metrics")
@@ -291,12 +299,12 @@ class _Answer:
         try:
             async for text, reason in self.pieces():
                 if text or reason:
-                    yield _event(shaper.chunk(text, reason, first) | {"resume_index": len(self.generated)})
+                    yield _event(shaper.chunk(text, reason, first, resume_index=len(self.generated)))
                     first = False
             if self.req.include_usage:
                 yield _event(shaper.last(self.prompt_tokens, len(self.generated), self.per_cycle))
         except Exception as e:  # the 200 is out: the error goes as an event, as vLLM's and OpenAI's do
-            yield _event(json.loads(_failure(e, self.req).body))
+            yield _event(_status(e, self.req)[1])
         yield b"data: [DONE]\n\n"
 
 

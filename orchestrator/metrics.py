@@ -1,12 +1,14 @@
 """The orchestrator's Prometheus metrics, with vLLM's speculative-decoding names and meaning
-under a `tandem:` prefix, and the four spec-decode counters under vLLM's own names too
-(counters are exposed with prometheus_client's `_total` suffix, as vLLM's are). Served over
+under a `tandem:` prefix, and the four spec-decode counters under vLLM's own names too, read
+from tandem's when scraped (counters are exposed with prometheus_client's `_total` suffix, as
+vLLM's are). Served over
 HTTP by `serve(port)` from the Ray Serve replica's process, and on the OpenAI API's /metrics."""
 
 import functools
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
 
 from tandem.wire.generation import CycleStats
 
@@ -35,20 +37,6 @@ e2e_request_latency = Histogram("tandem:e2e_request_latency_seconds", "Request t
                                 buckets=_LATENCY, registry=REGISTRY)
 request_success = Counter("tandem:request_success", "Finished requests.", ["finished_reason"], registry=REGISTRY)
 
-# The same four under vLLM's own names and labels, for the dashboards and tools built on vLLM's
-# (`vllm bench serve` reads them from the OpenAI API's /metrics): labelled with the served model
-# once the replica knows it (`serve_model`).
-_VLLM_LABELS = ["model_name", "engine"]
-vllm_num_drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", _VLLM_LABELS,
-                          registry=REGISTRY)
-vllm_num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", _VLLM_LABELS,
-                                registry=REGISTRY)
-vllm_num_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                                   _VLLM_LABELS, registry=REGISTRY)
-vllm_num_accepted_tokens_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                           "Accepted tokens per draft position.", [*_VLLM_LABELS, "position"],
-                                           registry=REGISTRY)
-
 # The cluster: worker health, failures and failovers, re-prefills, resumes.
 worker_healthy = Gauge("tandem:worker_healthy", "1 while a worker serves and is routed to.", ["pool", "address"],
                        registry=REGISTRY)
@@ -73,34 +61,41 @@ def _accepted_at(position: int):
     return num_accepted_tokens_per_pos.labels(position=str(position))
 
 
-class _VllmSeries:
-    """vLLM's four counters, labelled for one model."""
+class _VllmNames:
+    """The four spec-decode counters again under vLLM's own names and labels, for the dashboards
+    and tools built on vLLM's (`vllm bench serve` reads them from the OpenAI API's /metrics):
+    read from tandem's at scrape time, so a cycle counts once. Labelled with the served model
+    once the replica knows it (`serve_model`); nothing before."""
 
-    def __init__(self, model: str) -> None:
-        self.labels = {"model_name": model, "engine": "0"}
-        self.drafts = vllm_num_drafts.labels(**self.labels)
-        self.draft_tokens = vllm_num_draft_tokens.labels(**self.labels)
-        self.accepted = vllm_num_accepted_tokens.labels(**self.labels)
+    COUNTERS = (num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos)
 
-    @functools.cache
-    def accepted_at(self, position: int):
-        return vllm_num_accepted_tokens_per_pos.labels(**self.labels, position=str(position))
+    def __init__(self) -> None:
+        self.model: str | None = None
 
-    def observe(self, c: CycleStats) -> None:
-        self.drafts.inc()
-        self.draft_tokens.inc(c.gamma)
-        self.accepted.inc(c.accepted)
-        for position in range(c.accepted):
-            self.accepted_at(position).inc()
+    def describe(self) -> list:
+        return []  # names known only once a model is served; none clash with tandem's
+
+    def collect(self):
+        if self.model is None:
+            return
+        for counter in self.COUNTERS:
+            for family in counter.collect():
+                extra = ["position"] if counter is num_accepted_tokens_per_pos else []
+                renamed = CounterMetricFamily(family.name.replace("tandem:", "vllm:", 1), family.documentation,
+                                              labels=["model_name", "engine", *extra])
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        renamed.add_metric([self.model, "0", *(sample.labels[k] for k in extra)], sample.value)
+                yield renamed
 
 
-_vllm: _VllmSeries | None = None
+_vllm_names = _VllmNames()
+REGISTRY.register(_vllm_names)
 
 
 def serve_model(model: str) -> None:
-    """Name the model the replica serves: vLLM's counters count under it from now on."""
-    global _vllm
-    _vllm = _VllmSeries(model)
+    """Name the model the replica serves: vLLM's names of the counters carry it from now on."""
+    _vllm_names.model = model
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
@@ -116,8 +111,6 @@ def observe_cycle(c: CycleStats) -> None:
         num_accepted_tokens.inc(c.accepted)
         for position in range(c.accepted):
             _accepted_at(position).inc()
-        if _vllm is not None:
-            _vllm.observe(c)
     for field, series in _PART_SERIES:
         series.observe(getattr(c, field) / 1e3)
 

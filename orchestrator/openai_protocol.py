@@ -65,7 +65,8 @@ def parse(body: object, kind: str) -> ApiRequest:
         _check_known(name, value, kind)
     g = GenerationRequest(
         temperature=_number(given, "temperature"), top_p=_number(given, "top_p"), top_k=_top_k(given),
-        seed=_int(given, "seed", 0), gamma=_gamma(given), verification=_choice(given, "verification", VERIFICATION_MODES),
+        seed=_int(given, "seed", 0), gamma=_gamma(given),
+        verification=_choice(given, "verification", VERIFICATION_MODES),
         draft_shape=_choice(given, "draft_shape", DRAFT_SHAPES), ignore_eos=_bool(given, "ignore_eos"))
     req = ApiRequest(kind, g, model=_string(given, "model"), stream=_bool(given, "stream"),
                      stop=_stops(given), spec_details=_bool(given, "return_spec_tokens_details"))
@@ -82,11 +83,12 @@ def parse(body: object, kind: str) -> ApiRequest:
 
 def _check_known(name: str, value, kind: str) -> None:
     if name in _HONOURED[kind] or name in _INERT:
-        if name == "n" and value != 1:
+        if name == "n" and (value != 1 or isinstance(value, bool)):
             raise invalid("n", f"only n=1 is supported ({_WHY['n']}), got {value!r}")
         return
     if name in _NEUTRAL:
         neutral = _NEUTRAL[name]
+        # Equal to a neutral value; a boolean only to a boolean (false is not a penalty of 0).
         if any(value == v and type(value) is not bool or value is v for v in neutral):
             return
         why = _WHY.get(name, "tandem does not support it")
@@ -302,8 +304,9 @@ class Shaper:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
-    def chunk(self, text: str, finish_reason: str | None, first: bool = False) -> dict:
-        body = self._head() | {"choices": [self.choice(text, finish_reason, first)]}
+    def chunk(self, text: str, finish_reason: str | None, first: bool = False, resume_index: int = 0) -> dict:
+        """A stream's chunk; resume_index: the tokens delivered with it (tandem's resumable streams)."""
+        body = self._head() | {"choices": [self.choice(text, finish_reason, first)], "resume_index": resume_index}
         if self.req.include_usage:
             body["usage"] = None
         return body

@@ -18,8 +18,8 @@ class StopStrings:
     def push(self, text: str, final: bool = False) -> str:
         """Add text; return the part that is released now. After a match, nothing more is
         released (`matched` is True); at the end (final) all held text is released."""
-        if self.matched:
-            return ""
+        if not self.stops or self.matched:
+            return "" if self.matched else self._release(text)
         text = self.held + text
         found = [(i, i + len(s)) for s in self.stops if (i := text.find(s)) >= 0]
         if found:

@@ -213,10 +213,12 @@ def hf_waves(hf: HFRunner, prompts: list[list[int]], max_tokens: int, batch: int
     return runs, time.perf_counter() - start
 
 
-def _request(mode: str, workload: str, prompt: list[int], max_tokens: int, seed: int) -> dict:
+def _request(mode: str, workload: str, prompt: list[int], max_tokens: int, seed: int,
+             ignore_eos: bool = False) -> dict:
     temperature = 0.0 if workload == "greedy" else 1.0
     return {"prompt_token_ids": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
-            "gamma": mode_gamma(mode), "verification": mode_verification(mode), "draft_shape": mode_shape(mode)}
+            "gamma": mode_gamma(mode), "verification": mode_verification(mode), "draft_shape": mode_shape(mode),
+            "ignore_eos": ignore_eos}
 
 
 def cluster_run(client: Client, mode: str, workload: str, index: int, prompt: list[int], max_tokens: int,
@@ -229,13 +231,14 @@ def cluster_run(client: Client, mode: str, workload: str, index: int, prompt: li
 
 
 def concurrent_runs(address: str, mode: str, workload: str, prompts: list[list[int]], max_tokens: int,
-                    in_flight: int, seed: int) -> tuple[list[Run], float]:
-    """All prompts through the cluster with `in_flight` sessions at a time → (runs, wall seconds)."""
+                    in_flight: int, seed: int, ignore_eos: bool = False) -> tuple[list[Run], float]:
+    """All prompts through the cluster with `in_flight` sessions at a time → (runs, wall seconds);
+    ignore_eos: every generation runs to max_tokens (a load of fixed length)."""
 
     async def one(client, gate, i, prompt):
         async with gate:
             timeline = _Timeline()
-            async for chunk in client.stream(**_request(mode, workload, prompt, max_tokens, seed + i)):
+            async for chunk in client.stream(**_request(mode, workload, prompt, max_tokens, seed + i, ignore_eos)):
                 timeline.add_chunk(chunk)
             return timeline.run(mode, workload, i)
 
