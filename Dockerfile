@@ -37,6 +37,7 @@ ENV PYTHONUNBUFFERED=1 \
 # The demo pair (models/README.md): what the chart's defaults serve.
 COPY models/draft /opt/tandem/models/draft
 COPY models/target /opt/tandem/models/target
+COPY models/head /opt/tandem/models/head
 # The chart runs every container as this user, with a read-only root filesystem and /tmp
 # an emptyDir.
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp tandem

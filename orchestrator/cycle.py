@@ -91,12 +91,16 @@ class SpeculativeLoop:
     def __init__(
         self, drafts: WorkerPool, targets: WorkerPool, store: SessionStore,
         eos_token_ids: tuple[int, ...], draft_ahead: bool = True, verifier_wait_s: float = 30.0,
+        verifier_drafts: bool = False,
     ) -> None:
+        """verifier_drafts: the verifiers draft (ModelInfo.drafter): each verify call also drafts
+        the next cycle's block, and the draft pool is not used."""
         self.drafts = drafts
         self.targets = targets
         self.store = store
         self.eos = set(eos_token_ids)
-        self.draft_ahead = draft_ahead
+        self.draft_ahead = draft_ahead and not verifier_drafts
+        self.verifier_drafts = verifier_drafts
         self.verifier_wait_s = verifier_wait_s
         self.in_flight = 0  # sessions running in this loop
         self.cpu = CpuMeter()
@@ -129,11 +133,13 @@ class SpeculativeLoop:
 
     def _launch(self, s: Session, parent: Context | None, block: Reply | None = None) -> "_FirstCall":
         """1. Open the cycle's span and start its first worker call: the draft, or the verify
-        when γ = 0. A block drafted ahead stands in for the draft call, with its γ."""
-        gamma = len(block.answer.draft_tokens) if block else self._gamma(s, s.generated)
+        when γ = 0. A block drafted ahead (or by the verifier) stands in for the draft call, with
+        its γ; where the verifiers draft, a cycle without one verifies no block and asks for one."""
+        gamma = len(block.answer.draft_tokens) if block else 0 if self.verifier_drafts else self._gamma(s, s.generated)
         widths = self._tree_widths(s, gamma) if gamma and not block else ()
+        ahead = bool(block) and not self.verifier_drafts
         span = tracing.start_span("cycle", parent, attributes={
-            "tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma, "tandem.cycle.drafted_ahead": bool(block),
+            "tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma, "tandem.cycle.drafted_ahead": ahead,
             "tandem.cycle.draft_shape": "tree" if widths else "chain"})
         here = trace.set_span_in_context(span, parent)
         if block:
@@ -141,8 +147,8 @@ class SpeculativeLoop:
             task.set_result(block)
         else:
             task = asyncio.ensure_future(self._propose(s, gamma, here, widths) if gamma
-                                         else self._verify(s, None, here))
-        return _FirstCall(gamma, time.perf_counter(), task, span, bool(block))
+                                         else self._verify(s, None, here, self._next_gamma(s)))
+        return _FirstCall(gamma, time.perf_counter(), task, span, ahead)
 
     @staticmethod
     def _tree_widths(s: Session, gamma: int) -> tuple[int, ...]:
@@ -157,7 +163,7 @@ class SpeculativeLoop:
         first token comes from the target's prefill alone: a block drafted before it would make
         the caller wait for the draft's prefill and γ steps too (queued behind every other
         session's at load), and the draft prefills with its first block in the next cycle."""
-        if not self.drafts.available() or (s.request.gamma is None and generated == 0):
+        if not (self.verifier_drafts or self.drafts.available()) or (s.request.gamma is None and generated == 0):
             return 0
         wanted = s.request.gamma if s.request.gamma is not None else s.policy.choose()
         return max(0, min(wanted, s.request.max_tokens - generated - 1))
@@ -186,7 +192,7 @@ class SpeculativeLoop:
         ahead = (self._draft_ahead(s, proposal, here)
                  if gamma and not branched and self.draft_ahead and alone else None)
         try:
-            verify = await self._verify(s, proposal, here) if call.gamma else await call.task
+            verify = await self._verify(s, proposal, here, self._next_gamma(s)) if call.gamma else await call.task
         except BaseException:
             if ahead:
                 ahead.cancel()
@@ -208,6 +214,8 @@ class SpeculativeLoop:
         #    next block if its guess came true. The draft cache holds the block's first γ−1
         #    tokens, all γ once a draft-ahead call fed the last, and the bonus too on a hit.
         ahead_reply, block = await self._settle(s, ahead, accepted == gamma) if ahead else (None, None)
+        if self.verifier_drafts:
+            block = self._next_block(s, verify, accepted, new)
         if block:
             s.cache_lens["draft"] = len(s.tokens)
         elif ahead_reply:
@@ -237,6 +245,28 @@ class SpeculativeLoop:
             raise
         s.stats.per_cycle.append(record)
         return CycleOutput(new, bool(s.finish_reason)), following
+
+    def _next_gamma(self, s: Session) -> int:
+        """Where the verifiers draft: the γ of the block a verify asks for (the next cycle's,
+        chosen now; the tokens this cycle outputs are not known yet, so `_next_block` trims the
+        block to what is still wanted). 0 elsewhere."""
+        return self._gamma(s, s.generated + 1) if self.verifier_drafts else 0
+
+    def _next_block(self, s: Session, verify: Reply, accepted: int, new: list[int]) -> Reply | None:
+        """The block the verifier drafted for the next cycle, when it drafted after this cycle's
+        outcome (its walk is the loop's, with the same uniforms) and a next cycle wants tokens:
+        its first tokens, as many as are still wanted (a prefix of a chain is what a shorter call
+        would have drafted, draws and all). A Reply whose cost is the drafting's."""
+        verdict = verify.answer
+        block = verdict.next_block
+        if s.finish_reason or block is None or (verdict.next_accepted, verdict.next_token) != (accepted, new[-1]):
+            return None
+        keep = min(len(block.draft_tokens), s.request.max_tokens - s.generated - 1)
+        if keep < 1:
+            return None
+        trimmed = Proposal(block.draft_tokens[:keep], block.draft_token_probs[:keep], block.draft_distributions[:keep],
+                           block.compute_ms, block.batching)
+        return Reply(trimmed, 0.0, 0, verify.fed)
 
     def _draft_ahead(self, s: Session, proposal, parent: Context) -> asyncio.Future | None:
         """Start drafting past the block [d_1 … d_γ] as if all of it is accepted: feed d_γ (the
@@ -302,12 +332,13 @@ class SpeculativeLoop:
             metrics.undrafted_cycles.inc()
         return reply
 
-    async def _verify(self, s: Session, proposal, parent: Context) -> Reply:
-        """Verify the block, waiting up to verifier_wait_s for a verifier when none is available."""
+    async def _verify(self, s: Session, proposal, parent: Context, next_gamma: int = 0) -> Reply:
+        """Verify the block (and where the verifiers draft, draft the next one of next_gamma
+        tokens), waiting up to verifier_wait_s for a verifier when none is available."""
 
         def call(client, cache_len: int, tokens: list[int]):
             return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, epoch=s.epoch,
-                                 verification=s.request.verification)
+                                 verification=s.request.verification, next_gamma=next_gamma)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:
@@ -377,8 +408,13 @@ def _then(miss: Reply, retry: Reply) -> Reply:
 
 
 def _transport(reply: Reply | None) -> float:
-    """A worker call's wall time less its compute and its wait: serialization, gRPC, scheduling."""
-    return max(0.0, reply.wall_ms - reply.answer.compute_ms - _wait(reply)) if reply else 0.0
+    """A worker call's wall time less its compute and its wait (a verify's next block's too):
+    serialization, gRPC, scheduling."""
+    if not reply:
+        return 0.0
+    block = getattr(reply.answer, "next_block", None)
+    drafting = block.compute_ms + block.batching.wait_ms if block else 0.0
+    return max(0.0, reply.wall_ms - reply.answer.compute_ms - _wait(reply) - drafting)
 
 
 def _wait(reply: Reply | None) -> float:

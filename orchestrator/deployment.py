@@ -84,10 +84,13 @@ class GenerationService:
                                 self.config.max_tokens_cap, self.config.default_max_tokens, self.config.verification,
                                 self.config.draft_shape, self.config.tree_widths)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
-                                    draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s)
+                                    draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s,
+                                    verifier_drafts=bool(target_info.drafter))
         self.model = Path(target_info.model).name  # gen_ai.request.model and the OpenAI API's model id
         metrics.serve_model(self.model)
-        log.info("connected: draft %s, target %s", draft_info.model, target_info.model)
+        drafter = f"{target_info.drafter} {target_info.draft_model} in the verifier" if target_info.drafter else \
+            draft_info.model
+        log.info("connected: draft %s, target %s", drafter, target_info.model)
 
     async def _ensure_connected(self) -> None:
         if self._ready is None or (self._ready.done() and self._ready.exception()):

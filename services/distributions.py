@@ -40,3 +40,17 @@ def unpack(msgs, vocab_size: int) -> torch.Tensor:
     if not np.isfinite(dense).all() or (dense < 0).any():
         raise ValueError("draft_distributions: probabilities must be finite and >= 0")
     return torch.from_numpy(dense)
+
+
+def token_probs(msgs, tokens: list[int]) -> list[float]:
+    """Each message's probability of its token (the draft probability of a drafted token), read
+    from the bytes without unpacking the rows; 0 for a token outside a sparse row's support."""
+    out = []
+    for msg, token in zip(msgs, tokens, strict=True):
+        probs = np.frombuffer(msg.probs, dtype="<f4")
+        if msg.token_ids:
+            where = np.flatnonzero(np.frombuffer(msg.token_ids, dtype="<i4") == token)
+            out.append(float(probs[where[0]]) if where.size else 0.0)
+        else:
+            out.append(float(probs[token]))
+    return out

@@ -46,21 +46,28 @@ def draft_limits(vocab_size: int, max_context: int) -> MessageLimits:
     return MessageLimits(receive=FIXED_BYTES + VARINT_BYTES * max_context, send=FIXED_BYTES + MAX_GAMMA * position)
 
 
-def target_limits(vocab_size: int, max_context: int) -> MessageLimits:
+def target_limits(vocab_size: int, max_context: int, drafts: bool = False) -> MessageLimits:
     """A target verifier receives committed tokens, the draft block and its distributions (any
-    valid packing), and sends O(γ) numbers."""
+    valid packing), and sends O(γ) numbers; one that drafts (drafts) also sends the next block,
+    as a draft worker does."""
     distribution = 3 * FIELD_BYTES + 8 * vocab_size
     receive = FIXED_BYTES + VARINT_BYTES * max_context + MAX_GAMMA * distribution
-    return MessageLimits(receive=receive, send=FIXED_BYTES + MAX_GAMMA * (VARINT_BYTES + 4))
+    send = FIXED_BYTES + MAX_GAMMA * (VARINT_BYTES + 4)
+    if drafts:
+        send += draft_limits(vocab_size, max_context).send
+    return MessageLimits(receive=receive, send=send)
 
 
-def message_limits(kind: str, vocab_size: int, max_context: int) -> MessageLimits:
-    """The limits of a "draft" or "target" worker for a model of this vocabulary and context."""
-    return {"draft": draft_limits, "target": target_limits}[kind](vocab_size, max_context)
+def message_limits(kind: str, vocab_size: int, max_context: int, drafts: bool = False) -> MessageLimits:
+    """The limits of a "draft" or "target" worker (one that drafts: drafts) for a model of this
+    vocabulary and context."""
+    if kind == "target":
+        return target_limits(vocab_size, max_context, drafts)
+    return draft_limits(vocab_size, max_context)
 
 
 def any_worker_limits(vocab_size: int, max_context: int) -> MessageLimits:
     """Limits that hold what either kind of worker takes and sends (for a server that does not say
     which kind it is)."""
-    draft, target = draft_limits(vocab_size, max_context), target_limits(vocab_size, max_context)
+    draft, target = draft_limits(vocab_size, max_context), target_limits(vocab_size, max_context, drafts=True)
     return MessageLimits(max(draft.receive, target.receive), max(draft.send, target.send))

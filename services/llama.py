@@ -171,22 +171,34 @@ class LlamaPass:
 
     def __init__(self, model: torch.nn.Module, column_major: bool, max_cache_bytes: int = 2 << 30) -> None:
         c = model.config
-        self.hidden, self.heads, self.kv_heads = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
-        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        self.intermediate, self.eps = c.intermediate_size, c.rms_norm_eps
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        rotary = model.model.rotary_emb
+        self._shape(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, head_dim, c.intermediate_size,
+                    c.rms_norm_eps, rotary.inv_freq.detach().float(), rotary.attention_scaling)
         layout = to_column_major if column_major else torch.Tensor.contiguous
-        # The queries' 1/√d goes into their weights in float32 (an op less per layer, rounding within
-        # float32's); a half-precision weight would round it visibly, so those scale the queries.
-        exact = model.dtype == torch.float32
-        self.query_scale = 1.0 if exact else self.head_dim**-0.5
         with torch.no_grad():
-            self.layers = [self._layer(block, layout, self.head_dim**-0.5 if exact else 1.0)
-                           for block in model.model.layers]
+            self.layers = [self._layer(block, layout, self.weight_scale(model.dtype)) for block in model.model.layers]
             self.embed = model.model.embed_tokens.weight.detach()  # [V, H]; rows are looked up
             self.norm = model.model.norm.weight.detach()
             self.head = layout(model.lm_head.weight.detach().clone())  # [V, H], its own copy even if tied
-        rotary = model.model.rotary_emb
-        self.inv_freq, self.rope_scale = rotary.inv_freq.detach().float(), rotary.attention_scaling
+        self._pool(max_cache_bytes)
+
+    def _shape(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float,
+               inv_freq: torch.Tensor, rope_scale: float) -> None:
+        """The sizes of the model's layers and its rotary embedding."""
+        self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
+        self.intermediate, self.eps = intermediate, eps
+        self.inv_freq, self.rope_scale = inv_freq, rope_scale
+
+    def weight_scale(self, dtype: torch.dtype) -> float:
+        """The queries' 1/√d goes into their weights in float32 (an op less per layer, rounding within
+        float32's); a half-precision weight would round it visibly, so those scale the queries."""
+        exact = dtype == torch.float32
+        self.query_scale = 1.0 if exact else self.head_dim**-0.5
+        return self.head_dim**-0.5 if exact else 1.0
+
+    def _pool(self, max_cache_bytes: int) -> None:
+        """The KV pool of self.layers, on the device and in the dtype of the embeddings."""
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self._cos = self._sin = torch.empty(0, self.head_dim, dtype=self.dtype, device=self.device)
         self._keys = torch.arange(0, device=self.device)  # cache positions, grown as groups need
@@ -248,24 +260,39 @@ class LlamaPass:
         theirs → logits [keep, V] of the last `keep` tokens. Call under inference_mode."""
         return self.forward_batch([Feed(cache, start, tokens, keep)])[0]
 
-    def forward_batch(self, feeds: list["Feed"]) -> list[torch.Tensor]:
+    def forward_batch(self, feeds: list["Feed"], exit_layer: int | None = None) -> list[torch.Tensor]:
         """One pass for several sessions: their new tokens concatenated into one [T, H] input for
         the projections, the rotary embedding, the attention and the MLPs (T = all their tokens),
-        each attending to its own cache → each feed's logits [keep, V]. Call under inference_mode."""
+        each attending to its own cache → each feed's logits [keep, V]. exit_layer K: the first K
+        layers only, then the final norm and the head (self-drafting; the cache's other layers
+        are left as they are). Call under inference_mode."""
+        return self.forward_tapped(feeds, (), exit_layer)[0]
+
+    def forward_tapped(self, feeds: list["Feed"], taps: tuple[int, ...],
+                       exit_layer: int | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """forward_batch, also answering each feed's features [n, len(taps)·H]: the hidden states
+        entering the layers numbered in taps (vLLM's numbering: tap i is layer i − 1's output),
+        side by side, for every token it fed (an EAGLE head reads them, prompt included)."""
         for f in feeds:
             if not self.pool.reserve(f.cache, f.start + len(f.tokens)):
                 raise MemoryError("the KV pool cannot hold this pass: reserve before it (ModelRuntime does)")
         plan = self._plan(feeds)
         cos, sin = self._rope(feeds, plan.positions)  # [T, 1, d] each
         x = self.embed[plan.tokens]  # [T, H]
-        for index, layer in enumerate(self.layers):
+        tapped = []
+        for index, layer in enumerate(self.layers[:exit_layer]):
+            if index in taps:
+                tapped.append(x)
             h = self._rms_norm(x, layer["attn_norm"])
             x = x + self._attention(index, layer, h, cos, sin, plan)
             gate, up = F.linear(self._rms_norm(x, layer["mlp_norm"]), layer["gate_up"]).split(self.intermediate, -1)
             x = x + F.linear(F.silu(gate) * up, layer["down"])
+        if len(self.layers) in taps:  # the last layer's output, before the final norm
+            tapped.append(x)
         last = x.index_select(0, plan.keep)  # [K, H], K = the keeps' sum
         logits = F.linear(self._rms_norm(last, self.norm), self.head)  # [K, V]
-        return list(logits.split([f.keep for f in feeds]))
+        features = torch.cat(tapped, -1).split([len(f.tokens) for f in feeds]) if taps else []  # [n, taps·H] each
+        return list(logits.split([f.keep for f in feeds])), list(features)
 
     def _plan(self, feeds: list[Feed]) -> _Plan:
         """Slots, attention groups and kept rows of a pass: plain Python and numpy, then one copy

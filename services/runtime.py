@@ -166,6 +166,8 @@ class HFPass:
 class ModelRuntime:
     """A loaded model plus per-session KV caches. Not thread-safe: call from one thread."""
 
+    draft_step: type[Step] | None = None  # a runtime that drafts inside the verifier: its drafting step
+
     def __init__(
         self,
         model_dir: str,
@@ -255,7 +257,7 @@ class ModelRuntime:
                  for _, step, session in runnable]
         try:
             with torch.inference_mode():
-                logits = self.forward_pass.forward_batch(feeds)
+                logits = self.forward(feeds, [step for _, step, _ in runnable])
         except BaseException:
             # A failed pass may have extended some layers and not others: forget its sessions,
             # so that the callers' retries are clean CacheMisses and re-prefill.
@@ -266,6 +268,11 @@ class ModelRuntime:
             session.length = step.cache_len + len(step.tokens)
             results[i] = out
         return results
+
+    def forward(self, feeds: list[Feed], steps: list[Step]) -> list[torch.Tensor]:
+        """The pass of extend_batch's runnable steps → each one's logits (a subclass that reads
+        more of the pass, the hidden states a head drafts from, overrides it)."""
+        return self.forward_pass.forward_batch(feeds)
 
     def keep_paths(self, keeps: list[KeepPath]) -> list[bool]:
         """Apply KeepPaths, all in one go → per keep, whether its session was held."""
@@ -306,12 +313,19 @@ class ModelRuntime:
         """Room for the session's first `tokens` tokens, evicting least-recently-used sessions
         outside the pass while there is none → False when even that leaves none."""
         with self._lock:
-            while not self.forward_pass.reserve(session.cache, tokens):
-                oldest = next((sid for sid in self._sessions if sid not in in_pass), None)
-                if oldest is None:
-                    return False
-                self.release(oldest)
-            return True
+            return make_room(lambda: self.forward_pass.reserve(session.cache, tokens), self._sessions, in_pass,
+                             self.release)
+
+
+def make_room(has_room, sessions, in_pass: set[str], release) -> bool:
+    """Release the first of `sessions` (in their order) outside the pass until has_room() → False
+    when none is left to release."""
+    while not has_room():
+        oldest = next((sid for sid in sessions if sid not in in_pass), None)
+        if oldest is None:
+            return False
+        release(oldest)
+    return True
 
 
 def gemm_friendly_layout(model: torch.nn.Module) -> None:

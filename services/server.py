@@ -6,8 +6,9 @@ import functools
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -125,6 +126,10 @@ class Work(NamedTuple):
     job: Job
     large: bool = False
     epoch: int = 0
+    # What follows the job, given its answer: the work whose answer completes it (a verifier
+    # that drafts: the next block's), or None. Run as a job of its own, so that each is costed.
+    then: Callable[[Any], "Work | None"] | None = None
+    finish: Callable[[Any, Any], None] | None = None  # puts the follow-up's answer into the first's
 
 
 class WorkerServicer:
@@ -180,7 +185,22 @@ class WorkerServicer:
 
     async def compute_all(self, work: list[Work]) -> list:
         """Run jobs on the model thread, submitted together so that they share its passes from
-        their first step → per job its answer, None on a cache miss, or what it raised."""
+        their first step → per job its answer, None on a cache miss, or what it raised. Then the
+        jobs that follow them (Work.then), together, each completing its first's answer; one that
+        fails leaves that answer as it was (logged)."""
+        results = await self._run(work)
+        follow = [(w, r, w.then(r)) for w, r in zip(work, results)
+                  if w.then is not None and r is not None and not isinstance(r, BaseException)]
+        follow = [(w, r, f) for w, r, f in follow if f is not None]
+        if follow:
+            for (w, answer, _), result in zip(follow, await self._run([f for _, _, f in follow])):
+                if isinstance(result, BaseException):
+                    log.error("a follow-up job failed", exc_info=result)
+                elif result is not None:
+                    w.finish(answer, result)
+        return results
+
+    async def _run(self, work: list[Work]) -> list:
         self.queued += len(work)
         try:
             futures = self.batcher.submit_all([w.job for w in work], [w.epoch for w in work])
@@ -369,7 +389,8 @@ def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
     metrics_port: int = 0, parent_pid: int = 0, tls: TLSFiles | None = None,
-    max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0, lookup=None,
+    max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0, lookup=None, head: str | None = None,
+    exit_layer: int = 0,
 ) -> None:
     """Serve a draft ("draft"), n-gram draft ("ngram": no model, `lookup` a
     tandem.services.ngram.Lookup), hybrid draft ("hybrid": `lookup`, and the model where it
@@ -378,6 +399,8 @@ def run_worker(
     that pid is no longer this one's parent. With `tls`, mutual TLS only (tandem.tls).
     max_batch_tokens: the tokens one forward pass takes from all sessions' waiting work.
     health_port: also serve grpc.health.v1 alone there, in plain text (0: no such port).
+    head: a target verifier that drafts with this EAGLE-3 head directory (tandem.services.head);
+    exit_layer: one that drafts with its own first exit_layer layers (tandem.services.self_draft).
     Exits with one line (SystemExit) when it cannot listen on a port."""
     _check_ports(host, port, metrics_port, health_port)  # before the model loads: a taken port fails at once
     memory.one_arena()  # before gRPC and torch start their threads
@@ -396,6 +419,22 @@ def run_worker(
         raise ValueError(f"a {kind} worker needs its lookup (tandem.services.ngram.Lookup)")
     if kind == "ngram":
         runtime = ngram.NgramRuntime(lookup, max_tokens=max_cache_bytes // 8)
+    elif exit_layer:
+        from tandem.services.self_draft import SelfDraftRuntime
+
+        try:
+            runtime = SelfDraftRuntime(model_dir, exit_layer, device=device, dtype=dtype,
+                                       max_cache_bytes=max_cache_bytes)
+        except ValueError as e:
+            raise SystemExit(f"tandem worker target: {e}") from None
+    elif head:
+        from tandem.services.head import HeadError
+        from tandem.services.head_runtime import HeadRuntime
+
+        try:
+            runtime = HeadRuntime(model_dir, head, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
+        except (HeadError, OSError) as e:
+            raise SystemExit(f"tandem worker target: --head {head}: {e}") from None
     else:
         runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
         if kind == "hybrid":
@@ -408,7 +447,7 @@ def run_worker(
     info = runtime.info
     # An n-gram draft's distributions are one token each: a draft worker's limits for a vocabulary of one.
     limits = message_limits("target" if kind == "target" else "draft", 1 if kind == "ngram" else info.vocab_size,
-                            info.max_context)
+                            info.max_context, drafts=bool(info.drafter))
 
     async def main():
         status = health.aio.HealthServicer()
@@ -431,6 +470,7 @@ def run_worker(
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "
               f"forward={forward.name if forward else 'lookup'} batching={batching} "
               f"max_batch_tokens={max_batch_tokens} "
+              f"{f'drafter={info.drafter} ' if info.drafter else ''}"
               f"kv_bytes_per_token={runtime.token_bytes} max_cache_bytes={max_cache_bytes}"
               f"{' tls=on' if tls else ''}{f' health_port={health_port}' if health_port else ''} "
               f"max_request_bytes={limits.receive} max_response_bytes={limits.send}", flush=True)

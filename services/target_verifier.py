@@ -5,7 +5,7 @@ import torch
 from tandem import rules
 from tandem.math import tree
 from tandem.math.params import SamplingParams
-from tandem.services import distributions
+from tandem.services import distributions, draft_worker
 from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import KeepPath, Step
@@ -95,7 +95,21 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             def make(draft_probs):
                 return verify(*args, list(request.draft_tokens), draft_probs, params, rule)
         job = _decoding(make, request.draft_distributions, info.vocab_size)
-        return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch)
+        if request.next_gamma:
+            self._check_next(request, draft)
+        then = (_next_block(request, params, rule, info.max_context, self.runtime.draft_step) if request.next_gamma
+                else None)
+        return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch, then,
+                    _with_block)
+
+    def _check_next(self, request, draft: tree.Tree | None) -> None:
+        if not self.runtime.info.drafter:
+            raise invalid("next_gamma", "this verifier does not draft: start it with --head, or draft with "
+                          "draft workers")
+        if request.next_gamma > MAX_GAMMA:
+            raise invalid("next_gamma", f"at most {MAX_GAMMA} tokens")
+        if draft:
+            raise invalid("next_gamma", "the next block follows a chain's cycle, not a token tree's")
 
     async def Verify(self, request, context):
         return await self.answer(context, "Verify", request, lambda: self.compute(self.prepare(request)),
@@ -109,6 +123,38 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
 
     def VerifyBatchStream(self, requests, context):
         return self.in_order(requests, lambda request: self.VerifyBatch(request, context))
+
+
+def _next_block(request, params: SamplingParams, rule: rules.ChainRule, max_context: int, step: type[Step]):
+    """What follows a verify that asks for the next block: from its Verification, walk the block
+    as the orchestrator will (its rule, its counter-based uniforms, the draft probabilities it
+    holds), then the work that drafts next_gamma tokens after that outcome, keyed as a draft
+    worker's call from there would key them (None when no token fits the context). step: the
+    runtime's drafting step (tandem.services.head_runtime, self_draft)."""
+    position = request.cache_len + len(request.tokens)  # the first drafted token's
+    drafted = list(request.draft_tokens)
+    draft_probs = (distributions.token_probs(request.draft_distributions, drafted) if request.draft_distributions
+                   else [1.0] * len(drafted))  # one-hot drafts
+
+    def then(verification: wire.Verification) -> Work | None:
+        if drafted:
+            outcome = rule.accept(wire.Proposal(drafted, draft_probs, [], 0.0), verification, params.seed, position)
+        else:
+            outcome = rules.Outcome(0, [verification.bonus_token], 0)
+        committed = position + len(outcome.tokens)
+        verification.next_accepted, verification.next_token = outcome.accepted, outcome.tokens[-1]
+        gamma = min(request.next_gamma, max_context - committed)
+        if gamma < 1:
+            return None
+        job = draft_worker.propose(request.session_id, committed - 1, outcome.tokens[-1:], gamma, params,
+                                   step=step)
+        return Work(job, False, request.writer_epoch)
+
+    return then
+
+
+def _with_block(verification: wire.Verification, block: wire.Proposal) -> None:
+    verification.next_block = block
 
 
 def _decoding(make, messages, vocab_size: int) -> Job:

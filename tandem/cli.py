@@ -54,6 +54,19 @@ def require_extra(extra: str, command: str) -> None:
                          f"({named} not installed)")
 
 
+def head_for(drafter: str, head: str | None) -> str | None:
+    """The EAGLE-3 head directory of the head drafter (the one given, else models/head), None for
+    any other drafter; SystemExit when the head drafter has none."""
+    if drafter != "head":
+        return None
+    if head:
+        return head
+    if not (SHIPPED_MODELS / "head" / "config.json").exists():
+        raise SystemExit(f"tandem: no head in {SHIPPED_MODELS} (it ships with a checkout of the project): "
+                         "pass --head DIR")
+    return str(SHIPPED_MODELS / "head")
+
+
 def default_pair(draft: str | None = None, target: str | None = None) -> tuple[str, str]:
     """(draft, target): the directories given, the pair shipped in models/ for any left out."""
     if draft and target:
@@ -83,10 +96,15 @@ def cmd_worker(args) -> None:
             raise SystemExit(f"tandem worker {args.kind}: {e}") from None
     if args.kind != "ngram" and not args.model:
         raise SystemExit(f"tandem worker {args.kind}: --model is required (a Hugging Face model directory)")
+    if (args.head or args.exit_layer) and args.kind != "target":
+        raise SystemExit(f"tandem worker {args.kind}: --head and --exit-layer are a target verifier's (it drafts "
+                         "inside the verifier)")
+    if args.head and args.exit_layer:
+        raise SystemExit("tandem worker target: --head or --exit-layer, not both (one drafter per verifier)")
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
                parent_pid=args.parent_pid, tls=tls, max_batch_tokens=args.max_batch_tokens,
-               health_port=args.health_port, lookup=lookup)
+               health_port=args.health_port, lookup=lookup, head=args.head, exit_layer=args.exit_layer)
 
 
 # --- TLS: tandem certs, and the flags of worker and orchestrator --------------------------------
@@ -131,7 +149,7 @@ def cmd_certs(args) -> None:
 
 # --- tandem up / tandem orchestrator ---------------------------------------------------------
 
-DRAFTERS = ("hybrid", "model", "ngram")  # tandem.local.DRAFTERS, without importing it at start
+DRAFTERS = ("hybrid", "model", "ngram", "head", "self")  # tandem.local.DRAFTERS, without importing it at start
 # The hybrid's shortest suffix: a one-token match is found almost everywhere and leaves the model
 # little to draft; 2 and 3 measured the same within noise (benchmarks/README.md: drafters).
 HYBRID_MIN_N = 2
@@ -228,7 +246,8 @@ def cmd_up(args) -> None:
                            tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
                            options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT,
                            worker_args=["--max-batch-tokens", str(args.max_batch_tokens)], drafter=args.drafter,
-                           http_port=args.http_port)
+                           http_port=args.http_port, head=head_for(args.drafter, args.head),
+                           exit_layer=args.exit_layer if args.drafter == "self" else 0)
     # A stop asked for while the cluster starts (SIGTERM, as Ctrl-C) stops what has started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -485,7 +504,8 @@ def _bench_local(args, config, out: Path) -> dict:
                             draft_ahead=not args.no_draft_ahead,
                             options={"max_sessions": max([64, *config.concurrency]),
                                      "tree_widths": _tree_widths(args)}, worker_args=worker_args,
-                            drafter=config.drafter)
+                            drafter=config.drafter, head=head_for(config.drafter, args.head),
+                            exit_layer=args.exit_layer if config.drafter == "self" else 0)
 
     with local() as cluster:
         pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
@@ -543,7 +563,11 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--drafter", choices=DRAFTERS, default="hybrid",
                     help="draft workers: hybrid, n-gram lookup in the context where it matches and the draft model "
                          "elsewhere (the default: the fastest measured); the draft model alone; or the lookup alone "
-                         "(no model: `tandem worker ngram`)")
+                         "(no model: `tandem worker ngram`); or, with no draft workers, the verifiers draft: head, "
+                         "with an EAGLE-3 head (--head); self, with the target's first layers (--exit-layer)")
+    up.add_argument("--head", default=None, help="the head drafter's EAGLE-3 head directory (default: models/head)")
+    up.add_argument("--exit-layer", type=_positive, default=1,
+                    help="the self drafter's exit layer: the target's first K layers draft (default 1)")
     up.add_argument("--draft-workers", type=_positive, default=1, help="draft workers to run (restarted if they die)")
     up.add_argument("--target-workers", type=_positive, default=1,
                     help="target verifiers to run (restarted if they die)")
@@ -584,6 +608,12 @@ def parser() -> argparse.ArgumentParser:
                              "latest earlier match (prompt lookup); hybrid: that where it matches, the draft "
                              "model --model elsewhere")
     worker.add_argument("--model", help="Hugging Face model directory (draft, hybrid and target)")
+    worker.add_argument("--head", default=None,
+                        help="target only: draft inside the verifier with this EAGLE-3 head directory (SpecForge's "
+                             "layout; its config states the tapped layers)")
+    worker.add_argument("--exit-layer", type=_positive, default=0,
+                        help="target only: draft inside the verifier with the target's own first K layers and its "
+                             "LM head (self-drafting)")
     worker.add_argument("--min-n", type=_positive, default=None,
                         help=f"ngram, hybrid: the shortest suffix matched (default: 1; hybrid {HYBRID_MIN_N})")
     worker.add_argument("--max-n", type=_positive, default=4,
@@ -679,8 +709,10 @@ def parser() -> argparse.ArgumentParser:
                        help="runs of every mode per level, interleaved; rows pool them and list each run")
     bench.add_argument("--threads", type=int, default=1, help="torch threads per worker and for the HF baselines")
     bench.add_argument("--address", help="benchmark a running cluster (default: start a local one)")
+    bench.add_argument("--head", default=None, help="the head drafter's EAGLE-3 head directory (default: models/head)")
+    bench.add_argument("--exit-layer", type=_positive, default=1, help="the self drafter's exit layer (default 1)")
     bench.add_argument("--drafter", default="hybrid",
-                       help="the local cluster's draft workers: hybrid, model, ngram, or several ('model,hybrid'): "
+                       help="the local cluster's draft workers: hybrid, model, ngram, head, self, or several ('model,head'): "
                             "one pass each, results in --out/<drafter>/ and a table over them in drafters.md; with "
                             "--address, the label of that cluster's")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")

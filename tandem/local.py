@@ -22,7 +22,7 @@ from tandem.ports import port_in_use
 if TYPE_CHECKING:
     from tandem.tls import TLSFiles
 
-DRAFTERS = ("hybrid", "model", "ngram")  # LocalCluster's drafter: which `tandem worker` drafts
+DRAFTERS = ("hybrid", "model", "ngram", "head", "self")  # LocalCluster's drafter: which `tandem worker` drafts
 SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.1 s
 
 
@@ -145,20 +145,28 @@ class LocalCluster:
                  redis_url: str | None = None, echo: bool = True, metrics_port: int = 0,
                  draft_ahead: bool = True, draft_workers: int = 1, target_workers: int = 1, replicas: int = 1,
                  options: dict | None = None, tls_dir: str | None = None, metrics_fallback: bool = False,
-                 worker_args: Sequence[str] = (), drafter: str = "hybrid", http_port: int = 0) -> None:
+                 worker_args: Sequence[str] = (), drafter: str = "hybrid", http_port: int = 0,
+                 head: str | None = None, exit_layer: int = 0) -> None:
         """options: more OrchestratorConfig fields (app_name, redis_retry_s, ...). tls_dir: mutual
         TLS between the orchestrator and the workers, with the CA and certificates kept there
         (made by tandem.certs when absent, or when they do not name `host`). metrics_fallback: a
         worker whose metrics port is taken gets a free one (metrics_ports says which) instead of
         failing start(). worker_args: more `tandem worker` flags for every worker. drafter: "hybrid"
-        (`tandem worker hybrid` on draft_model), "model" (`tandem worker draft` on draft_model) or
-        "ngram" (`tandem worker ngram`, no model). http_port: the OpenAI-compatible API's (0: a free
-        port; options' openai_api turns the API off)."""
+        (`tandem worker hybrid` on draft_model), "model" (`tandem worker draft` on draft_model),
+        "ngram" (`tandem worker ngram`, no model), or with no draft workers, the verifiers drafting:
+        "head" (with `head`, an EAGLE-3 head directory: `tandem worker target --head`) or "self"
+        (with the target's first `exit_layer` layers: `--exit-layer`). http_port: the
+        OpenAI-compatible API's (0: a free port; options' openai_api turns the API off)."""
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
+        if (drafter == "head") != bool(head) or (drafter == "self") != bool(exit_layer):
+            raise ValueError("the head drafter needs its head directory and the self drafter its exit layer, "
+                             "and only they take them")
+        self.verifier_args = ("--head", head) if head else ("--exit-layer", str(exit_layer)) if exit_layer else ()
         self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
         self.grpc_port, self.http_port, self.host = grpc_port, http_port, host
+        draft_workers = 0 if drafter in ("head", "self") else draft_workers
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
         # Workers on a small machine: split the cores, or they fight over threads.
         self.threads = threads or max(1, (os.cpu_count() or 2) // len(self.names))
@@ -258,12 +266,13 @@ class LocalCluster:
         model = self.models[kind]
         if kind == "draft" and self.drafter != "model":
             kind, model = self.drafter, "" if self.drafter == "ngram" else model
+        args = self.worker_args + (self.verifier_args if kind == "target" else ())
 
         def start() -> subprocess.Popen:
             proc, self.addresses[name] = spawn_worker(kind, model, self.host, self.threads, self.device,
                                                       self.dtype, self.echo, self.metrics_ports[name], port,
                                                       tls=self.tls["worker"] if self.tls else None,
-                                                      args=self.worker_args)
+                                                      args=args)
             return proc
 
         return start

@@ -55,3 +55,33 @@ def save_random_model(config: LlamaConfig, out_dir: str, seed: int, tokenizer=No
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def save_random_head(target_dir: str, out_dir: str, seed: int, taps: tuple[int, ...], draft_vocab: int | None = None,
+                     std: float = 0.1) -> str:
+    """A random EAGLE-3 head for the target in target_dir (tandem.services.head), saved as
+    SpecForge saves one (no embeddings): a reduced draft vocabulary (draft_vocab) maps to every
+    other target id."""
+    from transformers import AutoConfig
+
+    from tandem.services import head
+
+    t = AutoConfig.from_pretrained(target_dir)
+    vocab = draft_vocab or t.vocab_size
+    config = head.HeadConfig(t.hidden_size, t.intermediate_size, t.num_attention_heads, t.num_key_value_heads,
+                             t.hidden_size // t.num_attention_heads, t.rms_norm_eps, 10000.0, t.max_position_embeddings,
+                             t.vocab_size, vocab, t.hidden_size, taps)
+    torch.manual_seed(seed)
+    module = head.Eagle3Head(config)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.normal_(0, std)
+        if draft_vocab:
+            step = t.vocab_size // draft_vocab
+            used = torch.arange(0, step * draft_vocab, step)  # distinct target ids
+            module.d2t.copy_(used - torch.arange(draft_vocab))
+            module.t2d.zero_()
+            module.t2d[used] = True
+    head.save(module, out_dir)
+    return out_dir

@@ -7,7 +7,8 @@ schema (tests/helm_values/, vendored from two KubeRay releases) and its serveCon
 Serve's own schema. Then the wiring: pools, Services, Redis and its Secret, OTEL variables,
 probes, security contexts, NetworkPolicies (evaluated as a CNI would), every container command
 parsed by tandem's CLI, the RayService's Serve application built by its rendered import_path
-(tandem.serve_app), the OpenAI-compatible API's port on and off, and bad values refused by
+(tandem.serve_app), the OpenAI-compatible API's port on and off, drafting inside the verifier
+(drafter.kind head: no drafter pool, `--head`, no draft address), and bad values refused by
 values.schema.json with their message.
 
 What only a real cluster would show: helm/tandem/README.md, "What is and is not tested".
@@ -55,12 +56,18 @@ VALUE_SETS = {
     "secure": ["ci/secure-values.yaml"],
     "cert-manager": ["ci/cert-manager-values.yaml"],
     "kuberay-off": ["ci/deployment-values.yaml"],
+    # Drafting inside the verifier (drafter.kind head): no drafter pool, under KubeRay and without.
+    "head": ["ci/head-values.yaml"],
+    "head-kuberay-off": ["ci/deployment-values.yaml", "ci/head-values.yaml"],
 }
+# The value sets whose orchestrator is a Deployment (`tandem orchestrator`), not a RayService.
+KUBERAY_OFF = {"kuberay-off", "head-kuberay-off"}
 # Secrets the value sets name but the chart does not make: the tests give them made-up values.
 EXTERNAL_SECRETS = {
     "secure": {"tandem-ingress-token", "tandem-worker-tls", "tandem-orchestrator-tls"},
     "external-redis": {"sessions-redis", "sessions-redis-ca"},
     "kuberay-off": {"sessions-redis"},
+    "head-kuberay-off": {"sessions-redis"},
 }
 
 
@@ -294,7 +301,7 @@ KUBERAY_VERSIONS = ["v1.1.0", "v1.7.0"]
 def test_rayservice_follows_kuberay_v1(rendered):
     validators = {v: kuberay_validator(v) for v in KUBERAY_VERSIONS}
     rayservices = [(name, rs) for name, r in rendered.items() for rs in r.of("RayService")]
-    assert len(rayservices) == len(VALUE_SETS) - 1  # all but kuberay-off
+    assert len(rayservices) == len(VALUE_SETS) - len(KUBERAY_OFF)
     for name, rs in rayservices:
         assert rs["apiVersion"] == "ray.io/v1"
         # ValidateRayServiceMetadata: a DNS-1035 label of at most 47 characters.
@@ -424,7 +431,7 @@ def test_serve_config_is_ray_serves(rendered):
             for key, value in (SERVE_THROUGHPUT_ENV | MESSAGE_SIZE_ENV).items():
                 assert env[key] == value, f"{name} {where}: {key}"
             assert "PYTHONPATH" not in env  # the builder is tandem's own, installed in the image
-    assert {n for n, r in rendered.items() if r.of("RayService")} == set(VALUE_SETS) - {"kuberay-off"}
+    assert {n for n, r in rendered.items() if r.of("RayService")} == set(VALUE_SETS) - KUBERAY_OFF
 
 
 def check_serve_http(r: Rendered) -> None:
@@ -501,7 +508,7 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
         for key, value in env.items():
             monkeypatch.setenv(key, value.replace("/etc/tandem/redis-tls", local_files["/etc/tandem/redis-tls"]))
         argv = flags = localize(serve_argv(r), local_files)  # flags: what `tandem orchestrator` gets
-        if name == "kuberay-off":
+        if name in KUBERAY_OFF:
             # The flags serveConfigV2 sets instead (grpc_options, http_options).
             assert argv[-4::2] == ["--grpc-port", "--http-port"]
             argv = argv[:-4]
@@ -515,7 +522,9 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
             config = serve_app.config(argv)  # the same flags under KubeRay would build the same
         assert config == cli_config(flags)
         v = r.values
-        assert config.draft_addresses == (f"{fqdn(FULLNAME + '-drafter')}:{v['drafter']['port']}",)
+        # drafter.kind head: no draft workers (`--draft ''`); the verifiers draft themselves.
+        assert config.draft_addresses == (() if head_drafter(v) else
+                                          (f"{fqdn(FULLNAME + '-drafter')}:{v['drafter']['port']}",))
         assert config.target_addresses == (f"{fqdn(FULLNAME + '-verifier')}:{v['verifier']['port']}",)
         token = env.get("TANDEM_API_KEY")
         assert (token is not None) == v["auth"]["enabled"]
@@ -577,10 +586,21 @@ def check_redis_url(r: Rendered, url: str) -> None:
 POOLS = {"drafter": "draft", "verifier": "target"}
 
 
+def head_drafter(values: dict) -> bool:
+    """drafter.kind head: the verifiers draft with an EAGLE-3 head; no drafter pool."""
+    return values["drafter"].get("kind") == "head"
+
+
+def pools_of(r: Rendered) -> list[str]:
+    """The worker pools the values run: both, or the verifiers alone with the head drafter."""
+    return [pool for pool in POOLS if not (pool == "drafter" and head_drafter(r.values))]
+
+
 def test_worker_pools(r):
     """Each pool: GPU limits, node pool, tolerations, headless Service the orchestrator dials,
     PodDisruptionBudget, topology spread, HPA when asked for."""
-    for pool in POOLS:
+    pools = pools_of(r)
+    for pool in pools:
         v = r.values[pool]
         deployment = r.get("Deployment", f"{FULLNAME}-{pool}")
         spec = deployment["spec"]["template"]["spec"]
@@ -599,9 +619,9 @@ def test_worker_pools(r):
         service = r.get("Service", f"{FULLNAME}-{pool}")
         assert service["spec"]["clusterIP"] == "None"
         assert matches({"matchLabels": service["spec"]["selector"]}, labels)
-        assert not matches({"matchLabels": service["spec"]["selector"]},
-                           r.get("Deployment", f"{FULLNAME}-{({'drafter': 'verifier', 'verifier': 'drafter'})[pool]}")
-                           ["spec"]["template"]["metadata"]["labels"])
+        for other in set(pools) - {pool}:
+            assert not matches({"matchLabels": service["spec"]["selector"]},
+                               r.get("Deployment", f"{FULLNAME}-{other}")["spec"]["template"]["metadata"]["labels"])
         grpc_port = {p["name"]: p for p in service["spec"]["ports"]}["grpc"]
         assert grpc_port["port"] == v["port"] == port_named(container, "grpc")
         assert f"{fqdn(service['metadata']['name'])}:{grpc_port['port']}" in serve_argv(r)
@@ -648,6 +668,10 @@ def dockerfile_paths() -> set[str]:
 def test_container_commands_are_the_tandem_cli(r):
     """Every tandem container runs the `tandem` command with arguments tandem's own parser accepts,
     consistent with its ports, mounts and Secrets."""
+    check_container_commands(r)
+
+
+def check_container_commands(r: Rendered) -> None:
     from tandem.cli import parser
 
     seen = set()
@@ -680,6 +704,14 @@ def test_container_commands_are_the_tandem_cli(r):
                         {"/etc/tandem/tls"} if r.values["tls"]["enabled"] else set())
                 else:
                     assert args.model in mounts or args.model in dockerfile_paths(), f"{where}: {args.model}"
+                # The head drafter: the verifiers get --head, the head's directory (a mount, or a
+                # path in tandem's image); no other worker has one.
+                assert (args.head is not None) == (args.kind == "target" and head_drafter(r.values)), where
+                if args.head:
+                    head = r.values["drafter"]["head"]
+                    in_image = head["source"] == "image" and not head["image"]["repository"]
+                    assert args.head == (head["image"]["path"] if in_image else "/models/head"), where
+                    assert in_image or args.head in mounts, f"{where}: {args.head}"
             elif args.command == "orchestrator":
                 assert args.tokenizer in mounts or args.tokenizer in dockerfile_paths(), f"{where}: {args.tokenizer}"
                 if r.values["metrics"]["enabled"]:
@@ -751,6 +783,125 @@ def test_model_sources(rendered):
     assert model in dockerfile_paths()
 
 
+# --- drafting inside the verifier (drafter.kind head) -----------------------------------------
+
+
+def verifier_of(r: Rendered) -> tuple[dict, dict, list[str]]:
+    """(pod spec, container, args) of the verifiers' Deployment."""
+    spec = r.get("Deployment", f"{FULLNAME}-verifier")["spec"]["template"]["spec"]
+    return spec, spec["containers"][0], spec["containers"][0]["args"]
+
+
+def test_head_drafter_has_no_drafter_pool(rendered, local_files):
+    """drafter.kind head, under KubeRay and without: nothing of the drafter pool (no Deployment,
+    Service, PodDisruptionBudget, HPA, NetworkPolicy rule, metrics target), the verifiers run
+    `tandem worker target --head` on the head in tandem's image, and the orchestrator gets
+    `--draft ''`: an OrchestratorConfig with no draft workers. The rest is the set without head."""
+    from tandem import serve_app
+
+    for name, without in (("head", "default"), ("head-kuberay-off", "kuberay-off")):
+        r, base = rendered[name], rendered[without]
+        assert head_drafter(r.values) and not head_drafter(base.values)
+        assert "drafter" not in json.dumps(r.objects), name  # no object, name, label, selector or rule
+        assert not r.component_pods("drafter")
+        # The verifiers: the same pods as without the head, given --head after --model.
+        spec, c, args = verifier_of(r)
+        _, base_c, base_args = verifier_of(base)
+        at = args.index("--head")
+        assert args[at + 1] == r.values["drafter"]["head"]["image"]["path"] == "/opt/tandem/models/head"
+        assert args[at - 2] == "--model" and args[:at] + args[at + 2:] == base_args, name
+        assert {k: v for k, v in c.items() if k != "args"} == {k: v for k, v in base_c.items() if k != "args"}
+        assert "initContainers" not in spec and {v["name"] for v in spec["volumes"]} == {"tmp"}
+        # The orchestrator: no draft address, whichever kind it is; the rest of its flags as without.
+        argv = serve_argv(r)
+        at = argv.index("--draft")
+        assert argv[at + 1] == "" and argv[:at + 1] + argv[at + 2:] == \
+            [a for a in serve_argv(base) if not a.startswith(fqdn(FULLNAME + "-drafter"))]
+        if r.of("RayService"):
+            assert serve_config(r)["applications"][0]["args"]["argv"] == argv
+            config = serve_builder(r)({"argv": localize(argv, local_files)})._bound_deployment.init_args[0]
+        else:
+            assert r.get("Deployment", f"{FULLNAME}-orchestrator")["spec"]["template"]["spec"]["containers"][0][
+                "args"][1:] == argv
+            config = serve_app.config(localize(argv[:-4], local_files))  # without --grpc-port, --http-port
+        assert config.draft_addresses == ()
+        assert config.target_addresses == (f"{fqdn(FULLNAME + '-verifier')}:{r.values['verifier']['port']}",)
+        # What the set without head has of the drafter pool, and only that, is gone.
+        kept = {(o["kind"], o["metadata"]["name"]) for o in base.objects if "drafter" not in o["metadata"]["name"]}
+        assert {(o["kind"], o["metadata"]["name"]) for o in r.objects} == kept, name
+        assert {o["kind"] for o in base.objects if o["metadata"]["name"].endswith("-drafter")} >= \
+            {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
+
+
+# Where the head comes from besides tandem's image, each over a value set: (set, values over it).
+HEAD_SOURCES = {
+    "head-object-store": ("cert-manager", {"drafter": {"kind": "head", "head": {"source": "objectStore", "objectStore": {
+        "url": "s3://models.example.com/head-32b/", "secretName": "model-store-credentials", "sizeLimit": "2Gi"}}},
+        "metrics": {"serviceMonitor": {"enabled": True}}}),
+    "head-image": ("kuberay-off", {"drafter": {"kind": "head", "head": {"image": {
+        "repository": "registry.example.com/models/head", "tag": "2025-01", "path": "/head"}}}}),
+    "head-pvc": ("gpu-pools", {"drafter": {"kind": "head", "head": {"source": "pvc", "pvc": {
+        "claimName": "heads", "subPath": "eagle3-32b"}}}}),
+}
+EXTERNAL_SECRETS["head-image"] = EXTERNAL_SECRETS["kuberay-off"]
+
+
+@pytest.fixture(scope="module")
+def head_renders(helm, tmp_path_factory) -> dict[str, Rendered]:
+    out = tmp_path_factory.mktemp("head-values")
+    files = {}
+    for name, (base, over) in HEAD_SOURCES.items():
+        (out / f"{name}.yaml").write_text(yaml.safe_dump(over))
+        files[name] = VALUE_SETS[base] + [str(out / f"{name}.yaml")]  # absolute: CHART / it is itself
+    results = helm([template_args(f) for f in files.values()])
+    renders = {}
+    for (name, f), result in zip(files.items(), results):
+        assert result.returncode == 0, f"{name}: helm template failed:\n{result.stderr}"
+        renders[name] = Rendered(name, result.stdout, merged_values(f))
+    return renders
+
+
+def test_head_sources(head_renders):
+    """The head from an object store, a head image or a PVC, as a model is: an rclone or cp init
+    container into an emptyDir, or the claim read-only, mounted at /models/head in the verifier
+    pods, which --head names. The renders validate for Kubernetes, their NetworkPolicies open
+    exactly the needed paths (the verifiers to the object store), their commands parse; the
+    workers' certificate and the ServiceMonitor name the verifiers alone."""
+    checked, seen = set(), set()
+    for name, r in head_renders.items():
+        validate_strictly(r, checked, seen)
+        check_network_policies(r)
+        check_container_commands(r)
+        assert "drafter" not in json.dumps(r.objects), name
+        spec, c, args = verifier_of(r)
+        assert args[args.index("--head") + 1] == "/models/head"
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/models/head")
+        volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
+        inits = {i["name"]: i for i in spec.get("initContainers", [])}
+        if name == "head-object-store":
+            init = inits["fetch-head"]
+            assert init["command"] == ["rclone"] and init["args"][:3] == ["copy", ":s3:models.example.com/head-32b/",
+                                                                          "/models/head"]
+            assert init["envFrom"] == [{"secretRef": {"name": "model-store-credentials"}}]
+            assert volume["emptyDir"] == {"sizeLimit": "2Gi"}
+            cert = r.get("Certificate", f"{FULLNAME}-worker-tls")
+            assert {n.split(".")[0] for n in cert["spec"]["dnsNames"]} == {f"{FULLNAME}-verifier"}
+            sm = r.get("ServiceMonitor", FULLNAME)
+            assert sm["spec"]["selector"]["matchExpressions"][0]["values"] == ["verifier", "orchestrator"]
+        elif name == "head-image":
+            assert inits["copy-head"]["image"] == "registry.example.com/models/head:2025-01"
+            assert inits["copy-head"]["command"] == ["cp", "-a", "/head/.", "/models/head"]
+            assert volume["emptyDir"] == {}
+        else:
+            assert volume["persistentVolumeClaim"] == {"claimName": "heads", "readOnly": True}
+            assert mount == {"name": "head", "mountPath": "/models/head", "readOnly": True, "subPath": "eagle3-32b"}
+            assert "fetch-head" not in inits and "copy-head" not in inits
+            # The verifiers' own model stays as it was (the target from its claim).
+            assert {v["name"]: v for v in spec["volumes"]}["model"]["persistentVolumeClaim"]["claimName"] == "target-32b"
+            assert not [h for h in r.of("HorizontalPodAutoscaler") if "drafter" in h["metadata"]["name"]]
+    assert {"Deployment", "NetworkPolicy", "PodTemplate"} <= seen
+
+
 # --- tracing ---------------------------------------------------------------------------------
 
 
@@ -763,7 +914,7 @@ def test_otel_variables(r):
     expected_endpoint = t["endpoint"] or f"http://{fqdn(FULLNAME + '-jaeger')}:4317"
     tandem_containers = [(w, c) for w, meta, spec in r.pods() for c in spec["containers"]
                          if meta["labels"]["app.kubernetes.io/component"] in ("drafter", "verifier", "orchestrator")]
-    assert len(tandem_containers) >= 3
+    assert len(tandem_containers) >= len(pools_of(r)) + 1
     for where, c in tandem_containers:
         env = env_of(c, r.secrets())
         saved = dict(os.environ)
@@ -801,7 +952,7 @@ def test_otel_variables(r):
 
 def test_probes(r):
     tls = r.values["tls"]["enabled"]
-    for pool in POOLS:
+    for pool in pools_of(r):
         c = r.get("Deployment", f"{FULLNAME}-{pool}")["spec"]["template"]["spec"]["containers"][0]
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             # Native gRPC probes on grpc.health.v1, service "" (what the workers serve); with TLS on
@@ -826,7 +977,7 @@ def test_restricted_pod_security(r):
     """Every pod meets the restricted Pod Security Standard (its checks, one by one), runs with a
     read-only root filesystem and mounts no ServiceAccount token."""
     pods = r.pods()
-    assert len(pods) >= 4
+    assert len(pods) >= len(pools_of(r)) + 2  # the pools, the orchestrator, the test
     for where, meta, spec in pods:
         pod_sc = spec.get("securityContext", {})
         assert not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC")), where
@@ -999,16 +1150,15 @@ def needed_paths(r: Rendered, endpoints: dict[str, Endpoint]) -> set[tuple[str, 
         paths.add((c, "orchestrator", o["grpcPort"], "TCP"))
     if o["httpPort"]:  # the OpenAI API: the same clients (the helm test pod speaks gRPC only)
         paths |= {(c, "orchestrator", o["httpPort"], "TCP") for c in clients}
-    paths |= {("orchestrator", "drafter", v["drafter"]["port"], "TCP"),
-              ("orchestrator", "verifier", v["verifier"]["port"], "TCP")}
+    pools = pools_of(r)
+    paths |= {("orchestrator", pool, v[pool]["port"], "TCP") for pool in pools}
     if v["redis"]["mode"] == "builtin":
         paths.add(("orchestrator", "redis", 6379, "TCP"))
     else:
         url = v["redis"]["external"]["url"]
         paths.add(("orchestrator", "internet", urlparse(url).port if url else v["redis"]["external"]["port"], "TCP"))
     if v["metrics"]["enabled"]:
-        for component, port in (("drafter", v["drafter"]["metricsPort"]), ("verifier", v["verifier"]["metricsPort"]),
-                                ("orchestrator", o["metricsPort"])):
+        for component, port in [(pool, v[pool]["metricsPort"]) for pool in pools] + [("orchestrator", o["metricsPort"])]:
             paths |= {(scraper, component, port, "TCP") for scraper in outside_pods}
     if ray:  # the Ray cluster among its pods, and the KubeRay operator to the head's dashboard
         paths |= {("orchestrator", "orchestrator", port, proto) for port, proto in endpoints["orchestrator"].ports}
@@ -1016,12 +1166,14 @@ def needed_paths(r: Rendered, endpoints: dict[str, Endpoint]) -> set[tuple[str, 
     if v["tracing"]["enabled"]:
         collector = ("internet", urlparse(v["tracing"]["endpoint"]).port or 4317) if v["tracing"]["endpoint"] \
             else ("jaeger", 4317)
-        paths |= {(c, *collector, "TCP") for c in ("drafter", "verifier", "orchestrator")}
+        paths |= {(c, *collector, "TCP") for c in (*pools, "orchestrator")}
         if v["tracing"]["jaeger"]["uiFrom"]:  # podSelector {}: the namespace's pods
             paths.add(("neighbour", "jaeger", 16686, "TCP"))
-    for pool in POOLS:
+    for pool in pools:
         if v[pool]["model"]["source"] == "objectStore":
             paths.add((pool, "internet", 443, "TCP"))
+    if head_drafter(r.values) and v["drafter"]["head"]["source"] == "objectStore":  # the head, into the verifiers
+        paths.add(("verifier", "internet", 443, "TCP"))
     tokenizer = o["tokenizer"]["model"].get("source") or v["verifier"]["model"]["source"]
     if tokenizer == "objectStore":
         paths.add(("orchestrator", "internet", 443, "TCP"))
@@ -1035,7 +1187,7 @@ def test_network_policies_allow_exactly_the_needed_paths(r):
 def check_network_policies(r: Rendered) -> None:
     policies = r.of("NetworkPolicy")
     endpoints = {e.name: e for e in release_endpoints(r) + OUTSIDE}
-    assert {"drafter", "verifier", "orchestrator", "test"} <= set(endpoints)
+    assert {*pools_of(r), "orchestrator", "test"} <= set(endpoints)
     release = {e.name for e in release_endpoints(r)}
     # Every connection with the release at one end at least (others are none of its business).
     allowed_paths = {(s.name, d.name, port, proto)
@@ -1169,7 +1321,7 @@ BAD_VALUES = [
     (["--set", "orchestrator.httpPort=70000"], "orchestrator.httpPort: Must be less than or equal to 65535"),
     (["--set", "orchestrator.maxGamma=65"], "orchestrator.maxGamma: Must be less than or equal to 64"),
     (["--set", "drafter.kind=tree"],
-     'drafter.kind: drafter.kind must be one of the following: "model", "ngram", "hybrid"'),
+     'drafter.kind: drafter.kind must be one of the following: "model", "ngram", "hybrid", "head"'),
     (["--set", "orchestrator.verification=joint"], 'orchestrator.verification: orchestrator.verification must be one of the following: "token", "block"'),
     (["--set", "orchestrator.draftShape=wide"],
      'orchestrator.draftShape: orchestrator.draftShape must be one of the following: "chain", "tree", "auto"'),
@@ -1186,6 +1338,16 @@ BAD_VALUES = [
     (["--set", "drafter.autoscaling.enabled=true"], "drafter.autoscaling: give targetCPUUtilizationPercentage or metrics"),
     (["--set", "verifier.kind=ngram"], "verifier.kind is ngram: only the drafter pool can draft by n-gram lookup"),
     (["--set", "verifier.kind=hybrid"], "verifier.kind is hybrid: only the drafter pool can draft by n-gram lookup"),
+    (["--set", "drafter.kind=head,drafter.head=null"],
+     "drafter.kind is head: give drafter.head, the EAGLE-3 head's directory"),
+    (["--set", "drafter.kind=head,drafter.head.image.path="],
+     "drafter.head.image.path: String length must be greater than or equal to 2"),
+    (["--set", "drafter.kind=head,drafter.head.source=objectStore"],
+     "drafter.head.objectStore.url: String length must be greater than or equal to 6"),
+    (["--set", "drafter.kind=head,verifier.kind=hybrid"],
+     "drafter.kind is head: the head drafts inside the target verifier (`tandem worker target --head`), "
+     "but verifier.kind is hybrid"),
+    (["--set", "verifier.kind=head"], "verifier.kind is head: set drafter.kind=head instead"),
     (["--set", "drafter.metricsPort=50051"], "drafter.port and drafter.metricsPort are both 50051"),
     (["--set", "orchestrator.metricsPort=8080"], "orchestrator.metricsPort 8080 is a port Ray uses under KubeRay"),
     (["--set", "orchestrator.httpPort=0,orchestrator.metricsPort=8000"],  # Serve's HTTP proxy stays on 8000
@@ -1225,7 +1387,7 @@ def test_notes_tell_how_to_reach_everything(helm, tmp_path):
     (chart / "templates" / "notes-check.yaml").write_text(
         'notes: |\n{{ include (print $.Template.BasePath "/NOTES.txt") . | indent 2 }}\n')
     sets = {"cert-manager": VALUE_SETS["cert-manager"], "secure": VALUE_SETS["secure"],
-            "kuberay-off": VALUE_SETS["kuberay-off"]}
+            "kuberay-off": VALUE_SETS["kuberay-off"], "head": VALUE_SETS["head"]}
     results = helm([template_args(files, chart, ("--show-only", "templates/notes-check.yaml")) for files in sets.values()])
     notes = {}
     for name, result in zip(sets, results):
@@ -1244,6 +1406,10 @@ def test_notes_tell_how_to_reach_everything(helm, tmp_path):
     plain = notes["kuberay-off"]
     assert f"rollout status deployment/{FULLNAME}-orchestrator" in plain
     assert "Tracing is off" in plain and "Prometheus" not in plain
+    head = notes["head"]
+    assert "each drafting inside itself with the EAGLE-3 head" in head and "no draft workers" in head
+    assert "--head /opt/tandem/models/head" in head
+    assert "drafter" not in head.replace("drafter.kind", "") and f"{FULLNAME}-verifier:9102/metrics" in head
 
 
 def test_dockerfile_builds_the_image_the_chart_runs():

@@ -1,5 +1,5 @@
-"""The pair shipped in models/: loads the way users load it, shares one vocabulary, and its
-tokenizer gives back code exactly."""
+"""The pair shipped in models/ (and the target's EAGLE-3 head): loads the way users load it,
+shares one vocabulary, and its tokenizer gives back code exactly."""
 
 import concurrent.futures
 import json
@@ -41,11 +41,21 @@ def test_one_vocabulary_and_special_tokens(tokenizer):
     assert AutoModelForCausalLM.from_pretrained(MODELS / "target").generation_config.eos_token_id == tokenizer.eos_token_id
 
 
-def test_draft_is_much_smaller_and_the_pair_fits_in_60_mb():
+def test_draft_is_much_smaller_and_the_pair_and_head_fit_in_60_mb():
     draft, target = (AutoModelForCausalLM.from_pretrained(MODELS / n) for n in ("draft", "target"))
     assert draft.num_parameters() * 10 <= target.num_parameters()
-    size = sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file() and f.parent.name in ("draft", "target"))
+    size = sum(f.stat().st_size for f in MODELS.rglob("*") if f.is_file() and f.parent.name in ("draft", "target", "head"))
     assert size <= 60 * 2**20
+
+
+def test_the_shipped_head_fits_the_shipped_target():
+    from tandem.services import head
+
+    target = AutoModelForCausalLM.from_pretrained(MODELS / "target")
+    loaded = head.load(MODELS / "head", target.config)  # HeadError naming the field otherwise
+    assert loaded.config.taps == (1, 3, 6) and loaded.config.draft_vocab_size < target.config.vocab_size
+    results = json.loads((MODELS / "head_results.json").read_text())
+    assert results["eval"]["greedy_agreement_per_step"][0] > results["shipped_draft"]["greedy_agreement"]
 
 
 def test_tokenizer_round_trips_code_exactly(tokenizer):

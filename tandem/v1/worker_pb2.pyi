@@ -55,7 +55,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch")
+    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch", "next_gamma")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class VerifyRequest(_message.Message):
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     WRITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_GAMMA_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -83,10 +84,11 @@ class VerifyRequest(_message.Message):
     verification: _sampling_pb2.Verification
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     writer_epoch: int
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ...) -> None: ...
+    next_gamma: int
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., next_gamma: _Optional[int] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching", "block_accept_probs", "tree_accept_probs", "tree_recovered_tokens", "kept_path")
+    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching", "block_accept_probs", "tree_accept_probs", "tree_recovered_tokens", "kept_path", "next_block", "next_accepted", "next_token")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +99,9 @@ class VerifyResponse(_message.Message):
     TREE_ACCEPT_PROBS_FIELD_NUMBER: _ClassVar[int]
     TREE_RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEPT_PATH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     target_token_probs: _containers.RepeatedScalarFieldContainer[float]
     recovered_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -107,7 +112,10 @@ class VerifyResponse(_message.Message):
     tree_accept_probs: _containers.RepeatedScalarFieldContainer[float]
     tree_recovered_tokens: _containers.RepeatedScalarFieldContainer[int]
     kept_path: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ..., tree_accept_probs: _Optional[_Iterable[float]] = ..., tree_recovered_tokens: _Optional[_Iterable[int]] = ..., kept_path: _Optional[_Iterable[int]] = ...) -> None: ...
+    next_block: ProposeResponse
+    next_accepted: int
+    next_token: int
+    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ..., tree_accept_probs: _Optional[_Iterable[float]] = ..., tree_recovered_tokens: _Optional[_Iterable[int]] = ..., kept_path: _Optional[_Iterable[int]] = ..., next_block: _Optional[_Union[ProposeResponse, _Mapping]] = ..., next_accepted: _Optional[int] = ..., next_token: _Optional[int] = ...) -> None: ...
 
 class RowStatus(_message.Message):
     __slots__ = ("code", "message")
@@ -192,7 +200,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "device", "dtype", "num_parameters", "max_request_bytes", "max_response_bytes")
+    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "device", "dtype", "num_parameters", "max_request_bytes", "max_response_bytes", "drafter", "draft_model")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +210,8 @@ class ModelInfo(_message.Message):
     NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_context: int
@@ -211,7 +221,9 @@ class ModelInfo(_message.Message):
     num_parameters: int
     max_request_bytes: int
     max_response_bytes: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
+    drafter: str
+    draft_model: str
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

@@ -78,6 +78,11 @@ class Verification:
     tree_accept_probs: list[float] = field(default_factory=list)
     tree_recovered_tokens: list[int] = field(default_factory=list)
     kept_path: list[int] = field(default_factory=list)
+    # A verifier that drafts: the next cycle's block, after the outcome that accepts
+    # next_accepted drafted tokens and ends with next_token (None: none was drafted).
+    next_block: Proposal | None = None
+    next_accepted: int = 0
+    next_token: int = 0
 
 
 def _batching_to_pb(b: Batching) -> worker_pb2.Batching:
@@ -122,7 +127,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
 
 def verify_request(
     session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None, verification: str = "token",
-    writer_epoch: int = 0,
+    writer_epoch: int = 0, next_gamma: int = 0,
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
@@ -131,7 +136,7 @@ def verify_request(
         sampling=sampling_to_pb(params), trace_context=trace_context,
         verification=verification_mode_to_pb(verification),
         draft_parents=proposal.parents if proposal else [],
-        writer_epoch=writer_epoch,
+        writer_epoch=writer_epoch, next_gamma=next_gamma,
     )
 
 
@@ -148,6 +153,8 @@ def verify_response(verification: Verification | None) -> worker_pb2.VerifyRespo
         tree_accept_probs=verification.tree_accept_probs,
         tree_recovered_tokens=verification.tree_recovered_tokens,
         kept_path=verification.kept_path,
+        next_block=propose_response(verification.next_block) if verification.next_block else None,
+        next_accepted=verification.next_accepted, next_token=verification.next_token,
     )
 
 
@@ -158,6 +165,7 @@ def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
         list(msg.target_token_probs), list(msg.recovered_tokens), msg.bonus_token, msg.compute_ms,
         _batching_from_pb(msg.batching), list(msg.block_accept_probs), list(msg.tree_accept_probs),
         list(msg.tree_recovered_tokens), list(msg.kept_path),
+        proposal_from_pb(msg.next_block) if msg.HasField("next_block") else None, msg.next_accepted, msg.next_token,
     )
 
 
@@ -219,6 +227,8 @@ class ModelInfo:
     num_parameters: int
     max_request_bytes: int = 0  # the worker's gRPC limits (0: not stated)
     max_response_bytes: int = 0
+    drafter: str = ""  # what drafts inside a verifier: "head", "self", or "" (draft workers do)
+    draft_model: str = ""  # the head's directory, or the exit layer self-drafting stops at
 
 
 @dataclass(frozen=True)
@@ -247,12 +257,13 @@ def model_info_to_pb(info: ModelInfo) -> worker_pb2.ModelInfo:
         model=info.model, vocab_size=info.vocab_size, max_context=info.max_context,
         eos_token_ids=info.eos_token_ids, device=info.device, dtype=info.dtype,
         num_parameters=info.num_parameters, max_request_bytes=info.max_request_bytes,
-        max_response_bytes=info.max_response_bytes,
+        max_response_bytes=info.max_response_bytes, drafter=info.drafter, draft_model=info.draft_model,
     )
 
 
 def model_info_from_pb(msg: worker_pb2.ModelInfo) -> ModelInfo:
     return ModelInfo(
         msg.model, msg.vocab_size, msg.max_context, tuple(msg.eos_token_ids), msg.device,
-        msg.dtype, msg.num_parameters, msg.max_request_bytes, msg.max_response_bytes,
+        msg.dtype, msg.num_parameters, msg.max_request_bytes, msg.max_response_bytes, msg.drafter,
+        msg.draft_model,
     )

@@ -56,6 +56,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* drafter.kind head: the target verifiers draft inside themselves with an EAGLE-3 head
+     (`tandem worker target --head`); there is no drafter pool. "true" or empty. */}}
+{{- define "tandem.headDrafter" -}}
+{{- if eq (.Values.drafter.kind | default "model") "head" }}true{{ end }}
+{{- end }}
+
+{{/* The worker pools the release runs, as a JSON list: the verifiers, and the drafters unless
+     the verifiers draft themselves (drafter.kind head). */}}
+{{- define "tandem.pools" -}}
+{{- if include "tandem.headDrafter" . }}{{ list "verifier" | toJson }}{{ else }}{{ list "drafter" "verifier" | toJson }}{{ end }}
+{{- end }}
+
 {{/* Service names. */}}
 {{- define "tandem.drafterService" -}}{{ include "tandem.fullname" . }}-drafter{{- end }}
 {{- define "tandem.verifierService" -}}{{ include "tandem.fullname" . }}-verifier{{- end }}
@@ -139,7 +151,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Checks the values cannot express in the schema; each failure names the value to fix. */}}
 {{- define "tandem.validate" -}}
-{{- range $pool := list "drafter" "verifier" }}
+{{- $verifierKind := .Values.verifier.kind | default "model" }}
+{{- if include "tandem.headDrafter" . }}
+{{- if ne $verifierKind "model" }}
+{{- fail (printf "drafter.kind is head: the head drafts inside the target verifier (`tandem worker target --head`), but verifier.kind is %s; leave verifier.kind unset (model)" $verifierKind) }}
+{{- end }}
+{{- $h := .Values.drafter.head | default dict }}
+{{- if or (not $h.source) (and (eq $h.source "image") (not ($h.image | default dict).path)) }}
+{{- fail "drafter.kind is head: give drafter.head, the EAGLE-3 head's directory (drafter.head.image.path in an image, or a pvc or objectStore source, as for drafter.model)" }}
+{{- end }}
+{{- else if eq $verifierKind "head" }}
+{{- fail "verifier.kind is head: set drafter.kind=head instead (the verifiers then draft with the EAGLE-3 head drafter.head)" }}
+{{- end }}
+{{- if .Values.verifier.head }}
+{{- fail "verifier.head is not a value: the head is drafter.head (with drafter.kind=head, the verifiers load it)" }}
+{{- end }}
+{{- range $pool := include "tandem.pools" . | fromJsonArray }}
 {{- $v := index $.Values $pool }}
 {{- if and (eq $pool "verifier") (ne ($v.kind | default "model") "model") }}
 {{- fail (printf "verifier.kind is %s: only the drafter pool can draft by n-gram lookup; the verifier needs the target model" $v.kind) }}
@@ -451,7 +478,10 @@ prometheus.io/path: /metrics
 {{/* `tandem orchestrator` flags shared by the Deployment's command and the RayService's Serve app. */}}
 {{- define "tandem.orchestratorFlags" -}}
 {{- $o := .Values.orchestrator }}
-{{- $flags := list "--draft" (include "tandem.drafterAddress" .) "--target" (include "tandem.verifierAddress" .) }}
+{{- /* drafter.kind head: no draft workers. `tandem orchestrator` requires --draft; '' names none
+       (the verifiers draft themselves). */}}
+{{- $draft := ternary "" (include "tandem.drafterAddress" .) (eq (include "tandem.headDrafter" .) "true") }}
+{{- $flags := list "--draft" $draft "--target" (include "tandem.verifierAddress" .) }}
 {{- $flags = concat $flags (list "--replicas" (toString (int $o.replicas)) "--max-sessions" (toString (int $o.maxSessions)) "--stream-interval" (toString (int $o.streamInterval)) "--max-gamma" (toString (int $o.maxGamma)) "--verification" $o.verification) }}
 {{- $widths := list }}
 {{- range $o.treeWidths }}{{ $widths = append $widths (toString (int .)) }}{{ end }}

@@ -1,0 +1,178 @@
+"""A target verifier's runtime that drafts with an EAGLE-3 head (tandem.services.head): the
+target's passes also tap the hidden states the head reads, and the head keeps a KV cache per
+session in a pool of its own.
+
+A session's head state follows the committed sequence the way the target's cache does, from
+what the verify calls feed: the target's token list (cropped and extended as its cache is), the
+tapped features of the positions the head has not read yet, and how many of the head's rows
+read committed tokens with the target's features (`rows`; row p reads position p's features
+and the token at p + 1). After a verify, the drafting job's first `HeadStep` catches the head up
+to the committed tokens, the cycle's outcome token last, and drafts the next block's first
+token from the last row; each later step drafts one more from the head's own output. Rows past
+the committed tokens (the drafted ones) are recomputed with the target's features once the
+target has verified them: the next catch-up starts at `rows`.
+
+A row stays valid while the tokens it read agree with every token list the target is fed
+since: a verify that feeds different tokens where the head read others (a rejection, a resume
+that rewinds) drops the rows from there. Features the head has read are kept no longer than it
+needs them; when a rewind asks for features already dropped, the session is released, so that
+the caller's next call misses and re-prefills the target, features and all (invariant 2).
+"""
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from tandem.services import head as head_files
+from tandem.services.head_pass import HeadFeed, HeadPass
+from tandem.services.kv import BlockTable
+from tandem.services.llama import Feed, LlamaPass
+from tandem.services.runtime import CacheMiss, ModelRuntime, Step, make_room
+
+
+@dataclass(frozen=True)
+class HeadStep(Step):
+    """A step of the head's drafting job (tandem.services.draft_worker.propose's shape): the tokens
+    at positions cache_len.. of the sequence; the first after a verify catches up to them."""
+
+
+@dataclass
+class _Head:
+    cache: BlockTable
+    tokens: list[int] = field(default_factory=list)  # the target's token list (its cache's)
+    rows: int = 0  # the head's rows over committed tokens, read with the target's features
+    read: list[int] = field(default_factory=list)  # the tokens those rows read: positions 0..rows
+    features: torch.Tensor | None = None  # [n, taps·H] the target's, positions first..first+n
+    first: int = 0
+    last: torch.Tensor | None = None  # [1, H] the head's output at its latest row
+    drafting: bool = False  # a catch-up ran since the target's latest step: steps draft
+
+
+class HeadRuntime(ModelRuntime):
+    """The target model, its taps and an EAGLE-3 head. Not thread-safe: call from one thread."""
+
+    draft_step = HeadStep  # what the verifier's drafting job yields (tandem.services.target_verifier)
+
+    def __init__(self, model_dir: str, head_dir: str, device: str = "cpu", dtype: str = "float32",
+                 max_cache_bytes: int = 2 << 30) -> None:
+        """Raises HeadError naming what does not fit the target."""
+        super().__init__(model_dir, device, dtype, max_cache_bytes)
+        if not isinstance(self.forward_pass, LlamaPass):
+            raise head_files.HeadError("--head", f"a head drafts from tandem's Llama pass; {model_dir} is not one")
+        config = AutoConfig.from_pretrained(model_dir)
+        head = head_files.load(head_dir, config)
+        self.taps = head.config.taps
+        # The head's one layer holds about 1/L of the target's cache per token: its pool gets a share
+        # of the bound in that proportion (at least a sixteenth).
+        share = max(max_cache_bytes // (config.num_hidden_layers + 1), max_cache_bytes // 16)
+        self.head = HeadPass(head, self.forward_pass.embed, self.device.type == "cpu", share)
+        self.info = replace(self.info, drafter="head", draft_model=str(Path(head_dir)))
+        self._heads: dict[str, _Head] = {}
+
+    @property
+    def cache_bytes(self) -> int:
+        heads = list(self._heads.values())  # one C-level copy: the metrics thread reads while the model thread writes
+        features = sum(h.features.nbytes for h in heads if h.features is not None)
+        return super().cache_bytes + self.head.cache_bytes + features
+
+    # --- the target's passes: tap them -------------------------------------------------------
+
+    def forward(self, feeds: list[Feed], steps: list[Step]) -> list[torch.Tensor]:
+        logits, features = self.forward_pass.forward_tapped(feeds, self.taps)
+        for step, tapped in zip(steps, features):
+            self._fed(step, tapped)
+        return logits
+
+    def _fed(self, step: Step, features: torch.Tensor) -> None:
+        """The target ran step.tokens at cache_len..: follow its token list, keep their features."""
+        h = self._heads.get(step.session_id)
+        if h is None or step.cache_len == 0:
+            self._forget(step.session_id)
+            h = self._heads[step.session_id] = _Head(self.head.new_cache())
+        c, new = step.cache_len, list(step.tokens)
+        h.tokens[c:] = new
+        j = c  # the first position where the head read another token than the target now has
+        while j < len(h.read) and j - c < len(new) and h.read[j] == new[j - c]:
+            j += 1
+        if j < len(h.read) and j - c < len(new):
+            del h.read[j:]
+            h.rows = min(h.rows, max(j - 1, 0))
+        if h.features is None or not h.first <= c <= h.first + len(h.features):
+            h.features, h.first = features, c
+        else:
+            h.features = torch.cat((h.features[:c - h.first], features))
+        h.drafting = False
+
+    # --- the head's passes -------------------------------------------------------------------
+
+    def extend_batch(self, steps: list[Step]) -> list:
+        """The target's steps as ModelRuntime runs them (tapped), and the HeadSteps in one pass of
+        the head → per step its logits, or its CacheMiss."""
+        drafting = [i for i, step in enumerate(steps) if isinstance(step, HeadStep)]
+        if not drafting:
+            return super().extend_batch(steps)
+        results: list = [None] * len(steps)
+        target = [i for i in range(len(steps)) if i not in set(drafting)]
+        for i, out in zip(target, super().extend_batch([steps[i] for i in target]) if target else []):
+            results[i] = out
+        for i, out in zip(drafting, self._draft([steps[i] for i in drafting])):
+            results[i] = out
+        return results
+
+    def _draft(self, steps: list[HeadStep]) -> list:
+        feeds, runs, results = [], [], [None] * len(steps)
+        in_pass = {step.session_id for step in steps}
+        for i, step in enumerate(steps):
+            h = self._heads.get(step.session_id)
+            feed = self._feed(step, h) if h is not None and self.held(step.session_id) else None
+            if feed is None or not self._reserve_head(h, feed.start + len(feed.tokens), in_pass):
+                results[i] = CacheMiss(step.session_id)
+                continue
+            feeds.append(feed)
+            runs.append((i, step, h))
+        if not feeds:
+            return results
+        with torch.inference_mode():
+            outs = self.head.forward_batch(feeds)
+        for (i, step, h), feed, (logits, last) in zip(runs, feeds, outs):
+            h.last = last[-1:]
+            if not h.drafting:  # a catch-up: the rows up to the committed tokens are the head's now
+                end = step.cache_len + len(step.tokens)  # the committed tokens
+                h.rows, h.read = end - 1, h.tokens[:step.cache_len] + list(step.tokens)
+                h.features, h.first = h.features[end - 1 - h.first:], end - 1  # the next verify's first feature
+                h.drafting = True
+            results[i] = logits
+        return results
+
+    def _feed(self, step: HeadStep, h: _Head) -> HeadFeed | None:
+        """The head's rows for a step: a catch-up's from `rows` to the step's last token (each
+        reading the target's features; None when they are gone), a drafting step's one row."""
+        if h.drafting:
+            self.head.crop(h.cache, step.cache_len - 1)
+            return HeadFeed(h.cache, step.cache_len - 1, list(step.tokens), 1, hidden=h.last)
+        end = step.cache_len + len(step.tokens)  # the committed tokens, the step's last
+        start = min(h.rows, end - 2)  # at least the last row: its output drafts
+        if start < h.first or end - 1 > h.first + len(h.features):
+            self.release(step.session_id)  # a rewind past the features kept: re-prefill (the docstring)
+            return None
+        sequence = h.tokens[:step.cache_len] + list(step.tokens)
+        self.head.crop(h.cache, start)
+        hidden = self.head.project(h.features[start - h.first:end - 1 - h.first])  # [rows, H]
+        return HeadFeed(h.cache, start, sequence[start + 1:end], 1, hidden=hidden)
+
+    def _reserve_head(self, h: _Head, tokens: int, in_pass: set[str]) -> bool:
+        """Room in the head's pool, evicting the heads of sessions outside the pass (their next
+        catch-up then finds no features and re-prefills)."""
+        return make_room(lambda: self.head.reserve(h.cache, tokens), self._heads, in_pass, self.release)
+
+    def release(self, session_id: str) -> bool:
+        with self._lock:
+            self._forget(session_id)
+            return super().release(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        h = self._heads.pop(session_id, None)
+        if h is not None:
+            self.head.release(h.cache)
