@@ -38,14 +38,52 @@ class HeadStep(Step):
     at positions cache_len.. of the sequence; the first after a verify catches up to them."""
 
 
+class _Features:
+    """The target's tapped hidden states of consecutive positions first.., kept as its passes gave
+    them and joined only when the head reads them: a session that does not draft for a while adds
+    a piece per verify and copies nothing (joined every 64 pieces, so that crops stay cheap)."""
+
+    def __init__(self, first: int, rows: torch.Tensor) -> None:
+        self.first, self.pieces = first, [rows]  # [n_i, taps·H] each
+
+    @property
+    def end(self) -> int:
+        return self.first + sum(len(p) for p in self.pieces)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces)
+
+    def put(self, start: int, rows: torch.Tensor) -> None:
+        """Positions start.. are these now (a start past the end: only these are kept)."""
+        if not self.first <= start <= self.end:
+            self.first, self.pieces = start, [rows]
+            return
+        kept, at = [], self.first
+        for piece in self.pieces:
+            if at >= start:
+                break
+            kept.append(piece[:start - at])
+            at += len(piece)
+        self.pieces = [*kept, rows] if len(kept) < 64 else [torch.cat([*kept, rows])]
+
+    def read(self, start: int, end: int) -> torch.Tensor:
+        """[end − start, taps·H] the features of positions start..end (all kept: the caller checks)."""
+        if len(self.pieces) > 1:
+            self.pieces = [torch.cat(self.pieces)]
+        return self.pieces[0][start - self.first:end - self.first]
+
+    def drop_before(self, position: int) -> None:
+        self.pieces, self.first = [self.read(position, self.end)], position
+
+
 @dataclass
 class _Head:
     cache: BlockTable
     tokens: list[int] = field(default_factory=list)  # the target's token list (its cache's)
     rows: int = 0  # the head's rows over committed tokens, read with the target's features
     read: list[int] = field(default_factory=list)  # the tokens those rows read: positions 0..rows
-    features: torch.Tensor | None = None  # [n, taps·H] the target's, positions first..first+n
-    first: int = 0
+    features: _Features | None = None  # the target's, of the positions the head may still read
     last: torch.Tensor | None = None  # [1, H] the head's output at its latest row
     drafting: bool = False  # a catch-up ran since the target's latest step: steps draft
 
@@ -99,10 +137,10 @@ class HeadRuntime(ModelRuntime):
         if j < len(h.read) and j - c < len(new):
             del h.read[j:]
             h.rows = min(h.rows, max(j - 1, 0))
-        if h.features is None or not h.first <= c <= h.first + len(h.features):
-            h.features, h.first = features, c
+        if h.features is None:
+            h.features = _Features(c, features)
         else:
-            h.features = torch.cat((h.features[:c - h.first], features))
+            h.features.put(c, features)
         h.drafting = False
 
     # --- the head's passes -------------------------------------------------------------------
@@ -141,7 +179,7 @@ class HeadRuntime(ModelRuntime):
             if not h.drafting:  # a catch-up: the rows up to the committed tokens are the head's now
                 end = step.cache_len + len(step.tokens)  # the committed tokens
                 h.rows, h.read = end - 1, h.tokens[:step.cache_len] + list(step.tokens)
-                h.features, h.first = h.features[end - 1 - h.first:], end - 1  # the next verify's first feature
+                h.features.drop_before(end - 1)  # the next verify's first feature
                 h.drafting = True
             results[i] = logits
         return results
@@ -154,12 +192,12 @@ class HeadRuntime(ModelRuntime):
             return HeadFeed(h.cache, step.cache_len - 1, list(step.tokens), 1, hidden=h.last)
         end = step.cache_len + len(step.tokens)  # the committed tokens, the step's last
         start = min(h.rows, end - 2)  # at least the last row: its output drafts
-        if start < h.first or end - 1 > h.first + len(h.features):
+        if start < h.features.first or end - 1 > h.features.end:
             self.release(step.session_id)  # a rewind past the features kept: re-prefill (the docstring)
             return None
         sequence = h.tokens[:step.cache_len] + list(step.tokens)
         self.head.crop(h.cache, start)
-        hidden = self.head.project(h.features[start - h.first:end - 1 - h.first])  # [rows, H]
+        hidden = self.head.project(h.features.read(start, end - 1))  # [rows, H]
         return HeadFeed(h.cache, start, sequence[start + 1:end], 1, hidden=hidden)
 
     def _reserve_head(self, h: _Head, tokens: int, in_pass: set[str]) -> bool:

@@ -173,6 +173,8 @@ def drafters_plot(passes: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(w for r in passes.values() for w in r["workloads"]))
+    if not workloads:  # a concurrency sweep alone: each pass's bench.md has its tables
+        return
     fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
     first = next(iter(passes))
     for ax, workload in zip(axes[0], workloads):
