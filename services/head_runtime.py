@@ -44,11 +44,7 @@ class _Features:
     a piece per verify and copies nothing (joined every 64 pieces, so that crops stay cheap)."""
 
     def __init__(self, first: int, rows: torch.Tensor) -> None:
-        self.first, self.pieces = first, [rows]  # [n_i, taps·H] each
-
-    @property
-    def end(self) -> int:
-        return self.first + sum(len(p) for p in self.pieces)
+        self.first, self.pieces, self.end = first, [rows], first + len(rows)  # pieces: [n_i, taps·H] each
 
     @property
     def nbytes(self) -> int:
@@ -58,14 +54,13 @@ class _Features:
         """Positions start.. are these now (a start past the end: only these are kept)."""
         if not self.first <= start <= self.end:
             self.first, self.pieces = start, [rows]
-            return
-        kept, at = [], self.first
-        for piece in self.pieces:
-            if at >= start:
-                break
-            kept.append(piece[:start - at])
-            at += len(piece)
-        self.pieces = [*kept, rows] if len(kept) < 64 else [torch.cat([*kept, rows])]
+        else:
+            if start < self.end:  # a rewind: crop (the common case appends)
+                self.pieces = [self.read(self.first, start)]
+            self.pieces.append(rows)
+            if len(self.pieces) > 64:
+                self.pieces = [torch.cat(self.pieces)]
+        self.end = start + len(rows)
 
     def read(self, start: int, end: int) -> torch.Tensor:
         """[end − start, taps·H] the features of positions start..end (all kept: the caller checks)."""
