@@ -36,7 +36,7 @@ Code = grpc.StatusCode
 @pytest.fixture(scope="module")
 def secure(pair, cluster, tmp_path_factory):
     local = LocalCluster(pair["draft"], pair["target"], cluster["port"], threads=1, echo=False,
-                         metrics_port=free_port(), tls_dir=str(tmp_path_factory.mktemp("tls")),
+                         metrics_port=free_port(), metrics_fallback=True, tls_dir=str(tmp_path_factory.mktemp("tls")),
                          options={"app_name": APP, "api_key_sha256": api_key_digest(API_KEY),
                                   "max_sessions": MAX_SESSIONS, "stream_interval": STREAM_INTERVAL})
     with local:
