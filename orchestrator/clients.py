@@ -232,17 +232,18 @@ class VerifierClient(WorkerClient):
         """A few numbers per drafted token (a tree's node) and one more, and the next block a
         verifier that drafts answers (as a draft worker's); room for the rest."""
         greedy = request.sampling.temperature == 0
-        return 512 + 32 * (len(request.draft_tokens) + 1) + request.next_gamma * (32 + (0 if greedy else
-                                                                                      16 + 4 * vocab_size))
+        drafted = tree.size(list(request.next_tree_widths)) if request.next_tree_widths else request.next_gamma
+        return 512 + 32 * (len(request.draft_tokens) + 1) + drafted * (32 + (0 if greedy else 16 + 4 * vocab_size))
 
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,
         params: SamplingParams, parent: Context | None = None, epoch: int = 0, verification: str = "token",
-        next_gamma: int = 0,
+        next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (),
     ) -> Reply:
-        """next_gamma: a verifier that drafts also drafts the next cycle's block of this many tokens."""
+        """next_gamma: a verifier that drafts also drafts the next cycle's block of this many tokens
+        (a token tree that deep, next_tree_widths children per node at each depth)."""
         def encode(trace_context):
             return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context, verification,
-                                       epoch, next_gamma)
+                                       epoch, next_gamma, next_tree_widths)
 
         return await self._call("Verify", encode, wire.verification_from_pb, parent)

@@ -147,7 +147,7 @@ class SpeculativeLoop:
             task.set_result(block)
         else:
             task = asyncio.ensure_future(self._propose(s, gamma, here, widths) if gamma
-                                         else self._verify(s, None, here, self._next_gamma(s)))
+                                         else self._verify(s, None, here, *self._next_shape(s)))
         return _FirstCall(gamma, time.perf_counter(), task, span, ahead)
 
     @staticmethod
@@ -192,7 +192,7 @@ class SpeculativeLoop:
         ahead = (self._draft_ahead(s, proposal, here)
                  if gamma and not branched and self.draft_ahead and alone else None)
         try:
-            verify = await self._verify(s, proposal, here, self._next_gamma(s)) if call.gamma else await call.task
+            verify = await self._verify(s, proposal, here, *self._next_shape(s)) if call.gamma else await call.task
         except BaseException:
             if ahead:
                 ahead.cancel()
@@ -246,11 +246,14 @@ class SpeculativeLoop:
         s.stats.per_cycle.append(record)
         return CycleOutput(new, bool(s.finish_reason)), following
 
-    def _next_gamma(self, s: Session) -> int:
-        """Where the verifiers draft: the γ of the block a verify asks for (the next cycle's,
-        chosen now; the tokens this cycle outputs are not known yet, so `_next_block` trims the
-        block to what is still wanted). 0 elsewhere."""
-        return self._gamma(s, s.generated + 1) if self.verifier_drafts else 0
+    def _next_shape(self, s: Session) -> tuple[int, tuple[int, ...]]:
+        """Where the verifiers draft: the γ and tree widths (() for a chain) of the block a verify
+        asks for (the next cycle's, chosen now; the tokens this cycle outputs are not known yet, so
+        `_next_block` trims the block to what is still wanted). (0, ()) elsewhere."""
+        if not self.verifier_drafts:
+            return 0, ()
+        gamma = self._gamma(s, s.generated + 1)
+        return gamma, self._tree_widths(s, gamma) if gamma else ()
 
     def _next_block(self, s: Session, verify: Reply, accepted: int, new: list[int]) -> Reply | None:
         """The block the verifier drafted for the next cycle, when it drafted after this cycle's
@@ -261,11 +264,14 @@ class SpeculativeLoop:
         block = verdict.next_block
         if s.finish_reason or block is None or (verdict.next_accepted, verdict.next_token) != (accepted, new[-1]):
             return None
-        keep = min(len(block.draft_tokens), s.request.max_tokens - s.generated - 1)
-        if keep < 1:
+        depth = s.request.max_tokens - s.generated - 1  # the most a next cycle's block may be deep
+        if depth < 1:
             return None
-        trimmed = Proposal(block.draft_tokens[:keep], block.draft_token_probs[:keep], block.draft_distributions[:keep],
-                           block.compute_ms, block.batching)
+        keep = tree.within(block.parents, depth) if block.parents else min(len(block.draft_tokens), depth)
+        parents = block.parents[:keep]
+        rows = len(tree.expanded(tuple(parents))) if parents else keep  # draft distributions: a tree's per parent
+        trimmed = Proposal(block.draft_tokens[:keep], block.draft_token_probs[:keep], block.draft_distributions[:rows],
+                           block.compute_ms, block.batching, parents)
         return Reply(trimmed, 0.0, 0, verify.fed)
 
     def _draft_ahead(self, s: Session, proposal, parent: Context) -> asyncio.Future | None:
@@ -332,13 +338,16 @@ class SpeculativeLoop:
             metrics.undrafted_cycles.inc()
         return reply
 
-    async def _verify(self, s: Session, proposal, parent: Context, next_gamma: int = 0) -> Reply:
-        """Verify the block (and where the verifiers draft, draft the next one of next_gamma
-        tokens), waiting up to verifier_wait_s for a verifier when none is available."""
+    async def _verify(self, s: Session, proposal, parent: Context, next_gamma: int = 0,
+                      next_widths: tuple[int, ...] = ()) -> Reply:
+        """Verify the block (and where the verifiers draft, draft the next one, next_gamma deep:
+        a chain, or a tree of next_widths), waiting up to verifier_wait_s for a verifier when none
+        is available."""
 
         def call(client, cache_len: int, tokens: list[int]):
             return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, epoch=s.epoch,
-                                 verification=s.request.verification, next_gamma=next_gamma)
+                                 verification=s.request.verification, next_gamma=next_gamma,
+                                 next_tree_widths=next_widths)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:

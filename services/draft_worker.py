@@ -95,17 +95,17 @@ def drafted(request) -> int:
     return tree.size(list(request.tree_widths)) if request.tree_widths else request.gamma
 
 
-def check_tree_widths(widths: list[int], gamma: int) -> None:
-    """A request's tree_widths, or INVALID_ARGUMENT naming them."""
+def check_tree_widths(widths: list[int], gamma: int, name: str = "tree_widths", depth: str = "gamma") -> None:
+    """A request's tree widths (field `name`, the depth field `depth`), or INVALID_ARGUMENT naming them."""
     if not widths:
         return
     if len(widths) != gamma:
-        raise invalid("tree_widths", f"need one width per depth: {gamma} (gamma), got {len(widths)}")
+        raise invalid(name, f"need one width per depth: {gamma} ({depth}), got {len(widths)}")
     if min(widths) < 1:
-        raise invalid("tree_widths", f"every width must be at least 1, got {widths}")
+        raise invalid(name, f"every width must be at least 1, got {widths}")
     nodes = tree.size(widths)
     if nodes > MAX_GAMMA:
-        raise invalid("tree_widths", f"the tree has {nodes} nodes; at most {MAX_GAMMA}")
+        raise invalid(name, f"the tree has {nodes} nodes; at most {MAX_GAMMA}")
 
 
 class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):

@@ -12,6 +12,11 @@ token from the last row; each later step drafts one more from the head's own out
 the committed tokens (the drafted ones) are recomputed with the target's features once the
 target has verified them: the next catch-up starts at `rows`.
 
+A token tree drafts one step per depth, each node reading its parent's output under the tree
+mask (a node's row is its path's chain row). A tree's verify feeds the target the tree; its
+features join the token list when the cache keeps the accepted path (`keep_paths`), the path's
+only: under the tree mask they are the sequence's.
+
 A row stays valid while the tokens it read agree with every token list the target is fed
 since: a verify that feeds different tokens where the head read others (a rejection, a resume
 that rewinds) drops the rows from there. Features the head has read are kept no longer than it
@@ -29,13 +34,14 @@ from tandem.services import head as head_files
 from tandem.services.head_pass import HeadFeed, HeadPass
 from tandem.services.kv import BlockTable
 from tandem.services.llama import Feed, LlamaPass
-from tandem.services.runtime import CacheMiss, ModelRuntime, Step, make_room
+from tandem.services.runtime import CacheMiss, KeepPath, ModelRuntime, Step, make_room
 
 
 @dataclass(frozen=True)
 class HeadStep(Step):
-    """A step of the head's drafting job (tandem.services.draft_worker.propose's shape): the tokens
-    at positions cache_len.. of the sequence; the first after a verify catches up to them."""
+    """A step of the head's drafting job (tandem.services.draft_worker.propose's or propose_tree's
+    shape): the tokens at positions cache_len.. of the sequence (a tree's nodes with parents);
+    the first after a verify catches up to them."""
 
 
 class _Features:
@@ -79,7 +85,8 @@ class _Head:
     rows: int = 0  # the head's rows over committed tokens, read with the target's features
     read: list[int] = field(default_factory=list)  # the tokens those rows read: positions 0..rows
     features: _Features | None = None  # the target's, of the positions the head may still read
-    last: torch.Tensor | None = None  # [1, H] the head's output at its latest row
+    last: torch.Tensor | None = None  # [k, H] the head's outputs at its latest step's kept rows
+    last_node: int = -1  # the drafted node the first of them read (−1: the catch-up's, under the root)
     drafting: bool = False  # a catch-up ran since the target's latest step: steps draft
 
 
@@ -103,6 +110,7 @@ class HeadRuntime(ModelRuntime):
         self.head = HeadPass(head, self.forward_pass.embed, self.device.type == "cpu", share)
         self.info = replace(self.info, drafter="head", draft_model=str(Path(head_dir)))
         self._heads: dict[str, _Head] = {}
+        self._trees: dict[str, tuple[Step, torch.Tensor]] = {}  # a tree's verify step and its features
 
     @property
     def cache_bytes(self) -> int:
@@ -115,16 +123,31 @@ class HeadRuntime(ModelRuntime):
     def forward(self, feeds: list[Feed], steps: list[Step]) -> list[torch.Tensor]:
         logits, features = self.forward_pass.forward_tapped(feeds, self.taps)
         for step, tapped in zip(steps, features):
-            self._fed(step, tapped)
+            if step.parents is None:
+                self._fed(step.session_id, step.cache_len, list(step.tokens), tapped)
+            else:  # a token tree's verify: its features wait for the path the cache keeps (keep_paths)
+                self._trees[step.session_id] = (step, tapped)
         return logits
 
-    def _fed(self, step: Step, features: torch.Tensor) -> None:
-        """The target ran step.tokens at cache_len..: follow its token list, keep their features."""
-        h = self._heads.get(step.session_id)
-        if h is None or step.cache_len == 0:
-            self._forget(step.session_id)
-            h = self._heads[step.session_id] = _Head(self.head.new_cache())
-        c, new = step.cache_len, list(step.tokens)
+    def keep_paths(self, keeps: list[KeepPath]) -> list[bool]:
+        """The target's cache keeps a tree's path: so does the head's token list, with the path's
+        features (a node's, under the tree mask, are those of the sequence it ends)."""
+        held = super().keep_paths(keeps)
+        for keep, kept in zip(keeps, held):
+            pending = self._trees.pop(keep.session_id, None)
+            if pending is not None and kept:
+                step, tapped = pending
+                tail = keep.start - step.cache_len  # the committed tokens fed before the tree
+                index = list(range(tail)) + [tail + node for node in keep.nodes]
+                self._fed(keep.session_id, step.cache_len, [step.tokens[i] for i in index], tapped[index])
+        return held
+
+    def _fed(self, session_id: str, c: int, new: list[int], features: torch.Tensor) -> None:
+        """The target's cache holds `new` at c..: follow its token list, keep their features."""
+        h = self._heads.get(session_id)
+        if h is None or c == 0:
+            self._forget(session_id)
+            h = self._heads[session_id] = _Head(self.head.new_cache())
         h.tokens[c:] = new
         j = c  # the first position where the head read another token than the target now has
         while j < len(h.read) and j - c < len(new) and h.read[j] == new[j - c]:
@@ -170,7 +193,7 @@ class HeadRuntime(ModelRuntime):
         with torch.inference_mode():
             outs = self.head.forward_batch(feeds)
         for (i, step, h), feed, (logits, last) in zip(runs, feeds, outs):
-            h.last = last[-1:]
+            h.last, h.last_node = last, self._first_node(step)
             if not h.drafting:  # a catch-up: the rows up to the committed tokens are the head's now
                 end = step.cache_len + len(step.tokens)  # the committed tokens
                 h.rows, h.read = end - 1, h.tokens[:step.cache_len] + list(step.tokens)
@@ -181,10 +204,15 @@ class HeadRuntime(ModelRuntime):
 
     def _feed(self, step: HeadStep, h: _Head) -> HeadFeed | None:
         """The head's rows for a step: a catch-up's from `rows` to the step's last token (each
-        reading the target's features; None when they are gone), a drafting step's one row."""
+        reading the target's features; None when they are gone), a drafting step's one row per
+        token (a token tree's nodes: each reads its parent's output, under the tree mask)."""
         if h.drafting:
             self.head.crop(h.cache, step.cache_len - 1)
-            return HeadFeed(h.cache, step.cache_len - 1, list(step.tokens), 1, hidden=h.last)
+            if step.parents is None:  # a chain's next token, after the latest row
+                hidden = h.last[-1:]
+            else:
+                hidden = h.last[[p - h.last_node for p in step.parents[-len(step.tokens):]]]  # [n, H]
+            return HeadFeed(h.cache, step.cache_len - 1, list(step.tokens), step.keep, step.parents, hidden)
         end = step.cache_len + len(step.tokens)  # the committed tokens, the step's last
         start = min(h.rows, end - 2)  # at least the last row: its output drafts
         if start < h.features.first or end - 1 > h.features.end:
@@ -194,6 +222,12 @@ class HeadRuntime(ModelRuntime):
         self.head.crop(h.cache, start)
         hidden = self.head.project(h.features.read(start, end - 1))  # [rows, H]
         return HeadFeed(h.cache, start, sequence[start + 1:end], 1, hidden=hidden)
+
+    @staticmethod
+    def _first_node(step: HeadStep) -> int:
+        """The tree node a step's first token is (−1: a catch-up's or a chain's, whose next step
+        reads its last row)."""
+        return -1 if step.parents is None else len(step.parents) - len(step.tokens)
 
     def _reserve_head(self, h: _Head, tokens: int, in_pass: set[str]) -> bool:
         """Room in the head's pool, evicting the heads of sessions outside the pass (their next
@@ -206,6 +240,7 @@ class HeadRuntime(ModelRuntime):
             return super().release(session_id)
 
     def _forget(self, session_id: str) -> None:
+        self._trees.pop(session_id, None)
         h = self._heads.pop(session_id, None)
         if h is not None:
             self.head.release(h.cache)

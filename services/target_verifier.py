@@ -96,20 +96,20 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 return verify(*args, list(request.draft_tokens), draft_probs, params, rule)
         job = _decoding(make, request.draft_distributions, info.vocab_size)
         if request.next_gamma:
-            self._check_next(request, draft)
-        then = (_next_block(request, params, rule, info.max_context, self.runtime.draft_step) if request.next_gamma
-                else None)
+            self._check_next(request)
+        then = (_next_block(request, draft, params, rule, info.max_context, self.runtime.draft_step)
+                if request.next_gamma else None)
         return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch, then,
                     _with_block)
 
-    def _check_next(self, request, draft: tree.Tree | None) -> None:
+    def _check_next(self, request) -> None:
         if not self.runtime.info.drafter:
             raise invalid("next_gamma", "this verifier does not draft: start it with --head, or draft with "
                           "draft workers")
         if request.next_gamma > MAX_GAMMA:
             raise invalid("next_gamma", f"at most {MAX_GAMMA} tokens")
-        if draft:
-            raise invalid("next_gamma", "the next block follows a chain's cycle, not a token tree's")
+        draft_worker.check_tree_widths(list(request.next_tree_widths), request.next_gamma, "next_tree_widths",
+                                       "next_gamma")
 
     async def Verify(self, request, context):
         return await self.answer(context, "Verify", request, lambda: self.compute(self.prepare(request)),
@@ -125,32 +125,47 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
         return self.in_order(requests, lambda request: self.VerifyBatch(request, context))
 
 
-def _next_block(request, params: SamplingParams, rule: rules.ChainRule, max_context: int, step: type[Step]):
+def _next_block(request, draft: tree.Tree | None, params: SamplingParams, rule: rules.ChainRule, max_context: int,
+                step: type[Step]):
     """What follows a verify that asks for the next block: from its Verification, walk the block
-    as the orchestrator will (its rule, its counter-based uniforms, the draft probabilities it
-    holds), then the work that drafts next_gamma tokens after that outcome, keyed as a draft
-    worker's call from there would key them (None when no token fits the context). step: the
-    runtime's drafting step (tandem.services.head_runtime, self_draft)."""
+    as the orchestrator will (its rule, or the tree rule for a token tree; its counter-based
+    uniforms; the draft probabilities it holds), then the work that drafts the next block after
+    that outcome (a chain of next_gamma tokens, or a tree that deep of next_tree_widths), keyed as
+    a draft worker's call from there would key it (None when it does not fit the context). step:
+    the runtime's drafting step (tandem.services.head_runtime, self_draft)."""
     position = request.cache_len + len(request.tokens)  # the first drafted token's
     drafted = list(request.draft_tokens)
-    draft_probs = (distributions.token_probs(request.draft_distributions, drafted) if request.draft_distributions
-                   else [1.0] * len(drafted))  # one-hot drafts
+    # A tree's walk needs no draft probabilities: its verdict carries each node's acceptance.
+    draft_probs = (distributions.token_probs(request.draft_distributions, drafted)
+                   if request.draft_distributions and not draft else [1.0] * len(drafted))
+    block = wire.Proposal(drafted, draft_probs, [], 0.0, parents=list(draft.parents) if draft else [])
 
     def then(verification: wire.Verification) -> Work | None:
-        if drafted:
-            outcome = rule.accept(wire.Proposal(drafted, draft_probs, [], 0.0), verification, params.seed, position)
+        if draft:
+            outcome = rules.TREE.accept(block, verification, params.seed, position)
+        elif drafted:
+            outcome = rule.accept(block, verification, params.seed, position)
         else:
             outcome = rules.Outcome(0, [verification.bonus_token], 0)
         committed = position + len(outcome.tokens)
         verification.next_accepted, verification.next_token = outcome.accepted, outcome.tokens[-1]
-        gamma = min(request.next_gamma, max_context - committed)
-        if gamma < 1:
+        widths = _fitting(list(request.next_tree_widths) or [1] * request.next_gamma, max_context - committed)
+        if not widths:
             return None
-        job = draft_worker.propose(request.session_id, committed - 1, outcome.tokens[-1:], gamma, params,
-                                   step=step)
+        args = (request.session_id, committed - 1, outcome.tokens[-1:])
+        job = (draft_worker.propose_tree(*args, widths, params, step=step) if draft_worker.is_tree(widths)
+               else draft_worker.propose(*args, len(widths), params, step=step))
         return Work(job, False, request.writer_epoch)
 
     return then
+
+
+def _fitting(widths: list[int], room: int) -> list[int]:
+    """A block's widths per depth (a chain's all 1), cut to the depths whose nodes fit in `room`
+    positions of context: a prefix drafts what a shallower call would have, draws and all."""
+    while widths and tree.size(widths) > room:
+        widths = widths[:-1]
+    return widths
 
 
 def _with_block(verification: wire.Verification, block: wire.Proposal) -> None:

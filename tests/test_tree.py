@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from tandem.math.tree import Tree, ancestor_mask, depths, expanded, greedy_verdict, outcome, size, walk, widths_at
+from tandem.math.tree import Tree, ancestor_mask, depths, expanded, greedy_verdict, outcome, size, walk, widths_at, within
 from tandem.math.tree_sampling import draw_without_replacement, node_verdict, verdict
 
 P = torch.tensor([0.05, 0.40, 0.25, 0.20, 0.10], dtype=torch.float64)  # the target at a node
@@ -32,6 +32,7 @@ def test_structure_mask_and_depths():
     assert expanded(tree.parents) == [-1, 0, 1, 2]  # the draft distributions' rows
     assert widths_at((3, 2), 4) == (3, 2, 1, 1) and widths_at((3, 2), 1) == (3,)
     assert size((3, 2, 1, 1)) == 3 + 6 + 6 + 6
+    assert [within(tree.parents, d) for d in (0, 1, 2, 3, 9)] == [0, 2, 5, 6, 6]  # a tree cut to its first depths
     for tokens, parents in (((1, 2), (-1,)), ((1, 2), (1, -1)), ((1, 1), (-1, -1))):
         with pytest.raises(ValueError):
             Tree(tokens, parents)

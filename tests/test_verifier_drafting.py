@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -28,7 +29,9 @@ from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp
 from tandem.services import head, head_training
 from tandem.services.head_runtime import HeadRuntime, HeadStep
-from tandem.services.runtime import Step
+from tandem.services.runtime import KeepPath, Step
+from tandem.v1 import worker_pb2, worker_pb2_grpc
+from tandem.wire.worker import sampling_to_pb
 
 VOCAB = 300
 GREEDY = SamplingParams(temperature=0.0)
@@ -186,6 +189,38 @@ def test_the_verifiers_head_pass_drafts_what_the_training_forward_computes(targe
         torch.testing.assert_close(logits[finite], expected[finite], atol=1e-4, rtol=1e-4)
 
 
+def test_the_heads_tree_rows_are_its_chains_along_each_path(target, tmp_path):
+    """A token tree's nodes drafted in one step per depth, each reading its parent's output under
+    the tree mask → each node's logits are those of a chain drafted along its path; and after the
+    target verifies a tree and keeps one path, the head catches up as after that path's chain."""
+    out = save_random_head(target, str(tmp_path / "h"), seed=1, taps=(0, 1, 2), draft_vocab=100)
+    runtime = HeadRuntime(target, out)
+    x = _prompts(3, seed=3)[0] + _prompts(1, seed=4)[0]  # 12 tokens
+    a, b, c, d, e = x[9:11] + [x[1], x[2], x[5]]  # a ≠ b
+
+    def catch_up(session: str) -> None:
+        runtime.extend_batch([Step(session, 0, x[:8], keep=1)])
+        runtime.extend_batch([HeadStep(session, 8, [x[8]], keep=1)])
+
+    catch_up("tree")
+    first = runtime.extend_batch([HeadStep("tree", 9, [a, b], keep=2, parents=(-1, -1))])[0]
+    second = runtime.extend_batch([HeadStep("tree", 11, [c, d], keep=2, parents=(-1, -1, 0, 1))])[0]
+    for row, path in enumerate(([a, c], [b, d])):
+        catch_up(f"chain-{row}")
+        chain = [runtime.extend_batch([HeadStep(f"chain-{row}", 9 + k, [t], keep=1)])[0][0] for k, t in enumerate(path)]
+        for served, expected in ((first[row], chain[0]), (second[row], chain[1])):
+            assert torch.equal(torch.isfinite(served), torch.isfinite(expected))
+            torch.testing.assert_close(served[torch.isfinite(served)], expected[torch.isfinite(expected)],
+                                       atol=1e-4, rtol=1e-4)
+    # The target verifies [x8] and the tree (a, b under the root; c under a, d under b), keeps b, d.
+    runtime.extend_batch([Step("tree", 8, [x[8], a, b, c, d], keep=5, parents=(-1, 0, 0, 1, 2))])
+    assert runtime.keep_paths([KeepPath("tree", 9, [1, 3])]) == [True]
+    runtime.extend_batch([Step("path", 0, x[:8] + [x[8], b, d], keep=1)])
+    after = [runtime.extend_batch([HeadStep(session, 11, [e], keep=1)])[0][0] for session in ("tree", "path")]
+    torch.testing.assert_close(after[0][torch.isfinite(after[0])], after[1][torch.isfinite(after[1])],
+                               atol=1e-4, rtol=1e-4)
+
+
 # --- sessions on a verifier that drafts ----------------------------------------------------------
 
 
@@ -226,8 +261,49 @@ def test_greedy_output_is_the_targets_and_the_head_drafts_every_cycle_after_the_
     assert sum(c.accepted for _, cycles in results for c in cycles) > 20, "the trained head should be accepted"
 
 
-def _second_tokens(verifier: str, redis_url: str, prompt: list[int], seeds: int) -> list[tuple[list[int], int]]:
-    """Per seed, a sampled session of 4 tokens at γ = 2 → (its first two tokens, its second cycle's γ)."""
+def test_the_head_drafts_token_trees_and_greedy_output_stays_the_targets(verifier, redis_url, target_model):
+    """Each verify answers the next cycle's token tree (top-k per node, greedy), drafted after
+    the outcome of a tree's cycle as well as a chain's."""
+    prompts = _prompts(3, seed=23)
+
+    async def body(loop):
+        out = []
+        for i, (prompt, gamma, shape) in enumerate(zip(prompts, [3, None, 2], ["tree", "tree", "auto"])):
+            s = await open_session(loop, f"tree-{i}", prompt, GREEDY, 40, gamma, draft_shape=shape,
+                                   tree_widths=(3, 2))
+            out.append((await generate(loop, s), s.stats.per_cycle))
+            await release(loop, s)
+        return out
+
+    results = _run(verifier["address"], redis_url, body)
+    for prompt, (tokens, _) in zip(prompts, results):
+        assert tokens == _greedy(target_model, prompt, 40)
+    fixed = results[0][1]
+    assert all(c.gamma > 0 for c in fixed[1:-1]), "a tree should come back with every verify"
+    assert sum(c.gamma == 3 + 6 + 6 for c in fixed) > len(fixed) / 2, "full trees but near the end"
+    assert sum(c.accepted for c in fixed) >= 5, "the trained head's trees should be accepted"
+    assert any(c.gamma == 3 + 6 for c in results[2][1]), "auto should try the tree"
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"next_gamma": 65}, "next_gamma"),
+    ({"next_gamma": 2, "next_tree_widths": [2]}, "next_tree_widths"),  # one width per depth
+    ({"next_gamma": 2, "next_tree_widths": [2, 0]}, "next_tree_widths"),
+    ({"next_gamma": 2, "next_tree_widths": [8, 8]}, "next_tree_widths"),  # 72 nodes
+])
+def test_a_next_block_the_verifier_cannot_draft_is_refused_naming_the_field(verifier, fields, field):
+    request = worker_pb2.VerifyRequest(session_id="bad", tokens=[5, 6, 7], draft_tokens=[8],
+                                       sampling=sampling_to_pb(GREEDY), **fields)
+    with grpc.insecure_channel(verifier["address"]) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            worker_pb2_grpc.TargetVerifierStub(channel).Verify(request, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+
+
+def _second_tokens(verifier: str, redis_url: str, prompt: list[int], seeds: int,
+                   **request) -> list[tuple[list[int], int]]:
+    """Per seed, a sampled session of 4 tokens at γ = 2 → (its first two tokens, its second cycle's
+    γ: a tree's nodes). request: the rest of its Request (draft_shape, tree_widths)."""
 
     async def body(loop):
         slots = asyncio.Semaphore(16)
@@ -235,7 +311,7 @@ def _second_tokens(verifier: str, redis_url: str, prompt: list[int], seeds: int)
         async def one(seed):
             async with slots:
                 params = SamplingParams(SAMPLED.temperature, SAMPLED.top_k, SAMPLED.top_p, seed)
-                s = await open_session(loop, f"sampled-{seed}", prompt, params, 4, 2)
+                s = await open_session(loop, f"sampled-{request}-{seed}", prompt, params, 4, 2, **request)
                 tokens = await generate(loop, s)
                 await release(loop, s)
                 return tokens[:2], s.stats.per_cycle[1].gamma
@@ -278,6 +354,15 @@ def test_sampled_second_tokens_follow_the_target_and_the_heads_own_draws_do_not(
             q[module.draft_to_target()] = logits
             drawn.append(int(torch.multinomial(warp(q, SAMPLED), 1, generator=g)))
     assert _chi2(drawn, expected) < 1e-3
+
+
+def test_sampled_second_tokens_through_the_heads_token_trees_follow_the_target(verifier, redis_url, target_model):
+    """The second token comes from the head's first tree (3 children drawn without replacement
+    per node, 3 + 3 nodes), verified by recursive rejection sampling: the target's marginal."""
+    prompt = _prompts(1, seed=29)[0]
+    results = _second_tokens(verifier["address"], redis_url, prompt, 400, draft_shape="tree", tree_widths=(3,))
+    assert all(gamma == 6 for _, gamma in results), "every second cycle should verify the head's tree"
+    assert _chi2([tokens[1] for tokens, _ in results], _second_token_marginal(target_model, prompt)) > 1e-3
 
 
 def _chi2(tokens: list[int], expected: np.ndarray) -> float:
@@ -350,8 +435,8 @@ def test_self_drafting_greedy_is_the_targets_and_sampled_second_tokens_follow_it
 
     async def body(loop):
         out = []
-        for i, prompt in enumerate(prompts):
-            s = await open_session(loop, f"self-{i}", prompt, GREEDY, 32, 3)
+        for i, prompt in enumerate(prompts):  # the last drafts token trees (2 + 4 + 4 nodes)
+            s = await open_session(loop, f"self-{i}", prompt, GREEDY, 32, 3, draft_shape="tree" if i == 2 else "chain")
             out.append((await generate(loop, s), s.stats.per_cycle))
             await release(loop, s)
         return out
@@ -359,6 +444,7 @@ def test_self_drafting_greedy_is_the_targets_and_sampled_second_tokens_follow_it
     for prompt, (tokens, cycles) in zip(prompts, _run(self_verifier, redis_url, body)):
         assert tokens == _greedy(target_model, prompt, 32)
         assert all(c.gamma > 0 for c in cycles[1:-1]), "the verifier should draft every cycle after the first"
+    assert cycles[1].gamma == 10, "the exit layers should draft a full tree"
     prompt = _prompts(1, seed=19)[0]
     results = _second_tokens(self_verifier, redis_url, prompt, 300)
     assert all(gamma == 2 for _, gamma in results)

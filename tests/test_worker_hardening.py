@@ -406,6 +406,7 @@ VERIFY_CASES = _sequence_cases(sampled_verify, 3, 6) | {
     "all-zero-probs": (sampled_verify(draft_distributions=[dist(None, [0.0] * VOCAB)] * 2), OK, ""),
     "greedy-with-distributions": (verify(draft_distributions=[dist(None, UNIFORM)] * 2), OK, ""),
     "no-draft-block": (verify(draft_tokens=[]), OK, ""),
+    "next-block-from-a-verifier-that-does-not-draft": (verify(next_gamma=2), INVALID, "next_gamma"),
 }
 
 OTHER_CASES = {  # (rpc, payload, code, text), on both workers

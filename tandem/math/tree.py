@@ -115,6 +115,12 @@ def outcome(tree: Tree, v: Verdict, u_accept: list[float]) -> tuple[list[int], i
     return path, v.recovered[path[-1] + 1 if path else 0]
 
 
+def within(parents: list[int] | tuple[int, ...], depth: int) -> int:
+    """How many first nodes lie at most `depth` deep: nodes drafted depth by depth, the tree cut
+    to its first depths (what a shallower draft of the same tree would have drafted)."""
+    return sum(1 for d in depths(tuple(parents)) if d <= depth)
+
+
 def widths_at(widths: tuple[int, ...], depth: int) -> tuple[int, ...]:
     """A tree's widths `depth` deep: the given ones, then 1 (a chain under every node)."""
     return (tuple(widths) + (1,) * depth)[:depth]

@@ -55,7 +55,7 @@ class ProposeResponse(_message.Message):
     def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch", "next_gamma")
+    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch", "next_gamma", "next_tree_widths")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class VerifyRequest(_message.Message):
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     WRITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NEXT_GAMMA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TREE_WIDTHS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -85,7 +86,8 @@ class VerifyRequest(_message.Message):
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     writer_epoch: int
     next_gamma: int
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., next_gamma: _Optional[int] = ...) -> None: ...
+    next_tree_widths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., next_gamma: _Optional[int] = ..., next_tree_widths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching", "block_accept_probs", "tree_accept_probs", "tree_recovered_tokens", "kept_path", "next_block", "next_accepted", "next_token")

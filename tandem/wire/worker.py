@@ -127,7 +127,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
 
 def verify_request(
     session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None, verification: str = "token",
-    writer_epoch: int = 0, next_gamma: int = 0,
+    writer_epoch: int = 0, next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (),
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
@@ -136,7 +136,7 @@ def verify_request(
         sampling=sampling_to_pb(params), trace_context=trace_context,
         verification=verification_mode_to_pb(verification),
         draft_parents=proposal.parents if proposal else [],
-        writer_epoch=writer_epoch, next_gamma=next_gamma,
+        writer_epoch=writer_epoch, next_gamma=next_gamma, next_tree_widths=next_tree_widths,
     )
 
 
