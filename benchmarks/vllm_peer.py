@@ -4,7 +4,8 @@ prompts (the same token ids), greedy, at several levels of sessions in flight.
 Each system runs alone on the machine, in turn: vLLM's OpenAI server with the target alone,
 vLLM with the draft model (speculative decoding, draft_model method), then tandem's local
 cluster (as `tandem bench` starts it) with γ = 0, and adaptive γ with each drafter of --drafters
-(hybrid, tandem bench's default; model, the draft model alone as vLLM drafts). At each level: tokens/s (all
+(hybrid, tandem bench's default; model, the draft model alone as vLLM drafts; ngram; head, the
+verifier's shipped EAGLE-3 head). At each level: tokens/s (all
 output tokens over the level's wall time), TTFT and ITL percentiles (tandem.bench.summary's
 definitions, from the same Run records), and CPU time per generated token of every process
 (utime + stime from /proc, over the level). Greedy outputs are checked against vLLM's target
@@ -214,6 +215,7 @@ def run_vllm(name: str, prompts: list[list[int]], args, draft: str | None) -> di
 def run_tandem(prompts: list[list[int]], args, drafter: str, gammas: tuple[int | None, ...]) -> dict[str, dict]:
     """tandem's local cluster as `tandem bench` starts it, drafting with `drafter`; each mode
     (γ = 0 and/or adaptive) runs every level in turn."""
+    from tandem.cli import head_for
     from tandem.local import LocalCluster
 
     load = loadavg()
@@ -222,7 +224,7 @@ def run_tandem(prompts: list[list[int]], args, drafter: str, gammas: tuple[int |
     cluster = LocalCluster(args.draft, args.target, free_port(), threads=args.threads, max_gamma=8, echo=False,
                            draft_ahead=True, options={"max_sessions": max(64, *args.levels), "tree_widths": (2, 2),
                                                       "stream_interval": args.stream_interval},
-                           drafter=drafter)
+                           drafter=drafter, head=head_for(drafter, None))
     results = {}
     with cluster:
         startup = time.perf_counter() - started
@@ -357,8 +359,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="VLLM_CPU_OMP_THREADS_BIND ('auto': on 2 cores, compute on one, the API server on the other)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per tandem worker (tandem bench's default)")
     p.add_argument("--drafters", default="hybrid,model",
-                   help="tandem's draft workers, comma-separated: hybrid (tandem bench's default), model (the "
-                        "draft model alone, as vLLM drafts), ngram")
+                   help="tandem's drafters, comma-separated: hybrid (tandem bench's default), model (the "
+                        "draft model alone, as vLLM drafts), ngram, head (the verifier's shipped EAGLE-3 head)")
     p.add_argument("--systems", default="vllm_target,vllm_draft,tandem", help="which to run, comma-separated")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="tandem's --stream-interval: tokens a streamed chunk holds at least (vLLM streams every token)")

@@ -21,14 +21,16 @@ class StopStrings:
         if not self.stops or self.matched:
             return "" if self.matched else self._release(text)
         text = self.held + text
+        # Where a stop string may still begin that the text does not hold whole yet: a match
+        # found past it waits, since one that starts there would come first.
+        pending = len(text) - (0 if final else self._partial(text))
         found = [(i, i + len(s)) for s in self.stops if (i := text.find(s)) >= 0]
-        if found:
+        if found and min(found)[0] <= pending:
             cut, end = min(found)
             self.matched, self.held, self.end = True, "", self.released + end
             return self._release(text[:cut])
-        keep = 0 if final else self._partial(text)
-        self.held = text[len(text) - keep:] if keep else ""
-        return self._release(text[:len(text) - keep])
+        self.held = text[pending:]
+        return self._release(text[:pending])
 
     def _partial(self, text: str) -> int:
         """The length of the longest end of text that begins some stop string."""

@@ -4,7 +4,7 @@ speculative-decoding metrics' identities."""
 
 import grpc
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tandem.orchestrator.openai_protocol import (CHAT, COMPLETION, chat_prompt_ids, field_name, parse,
@@ -90,6 +90,7 @@ def test_text_that_may_begin_a_stop_string_is_held_back():
 @given(text=st.text(alphabet="abS", max_size=40), stops=st.lists(st.text(alphabet="abS", min_size=1, max_size=4),
                                                                  min_size=1, max_size=3),
        cuts=st.lists(st.integers(0, 40), max_size=6))
+@example(text="SbS", stops=["b", "SbS"], cuts=[2])  # "b" completes first; "SbS" starts first
 def test_what_is_released_does_not_depend_on_the_split(text, stops, cuts):
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]

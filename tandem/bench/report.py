@@ -164,6 +164,9 @@ def drafters_markdown(passes: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DRAFTER_COLOURS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C8", "C9")  # matplotlib's cycle less its grey
+
+
 def drafters_plot(passes: dict[str, dict], path: Path) -> None:
     """Bars of × HF target alone (median, IQR) per drafter and mode, one panel per workload;
     the HF peers' bars from the first pass."""
@@ -178,10 +181,11 @@ def drafters_plot(passes: dict[str, dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(7 * len(workloads), 4.5), squeeze=False)
     first = next(iter(passes))
     for ax, workload in zip(axes[0], workloads):
-        bars = [(label(m), r["speedup_vs_hf_target"], "C3") for m, r in passes[first]["workloads"][workload].items()
-                if m in ("hf_assisted", "hf_lookup")]  # (name, spread, colour)
+        bars = [(label(m), r["speedup_vs_hf_target"], "C7") for m, r in passes[first]["workloads"][workload].items()
+                if m in ("hf_assisted", "hf_lookup")]  # (name, spread, colour): the peers grey
         bars += [(f"{drafter}: {label(m).removeprefix('tandem ').replace(', block verification', '')}",
-                  r["speedup_vs_hf_target"], f"C{i}") for i, (drafter, results) in enumerate(passes.items())
+                  r["speedup_vs_hf_target"], DRAFTER_COLOURS[i % len(DRAFTER_COLOURS)])
+                 for i, (drafter, results) in enumerate(passes.items())
                  for m, r in results["workloads"][workload].items() if not m.startswith("hf_")]
         medians = [s["median"] for _, s, _ in bars]
         err = [[m - s["p25"] for m, (_, s, _) in zip(medians, bars)],
