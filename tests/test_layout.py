@@ -1,6 +1,6 @@
 """Imports point one way, read from the source of every installed module:
 
-    tandem.math (pure; only its `sampling`, `block` and `tree_sampling` use torch)
+    tandem.math (pure; only its `sampling`, `block`, `tree_sampling` and `tree_greedy` use torch)
       ↑
     tandem.wire (the codec and validation every side shares) ← the SDK (tandem, client, errors)
     tandem.rules (the verification rules: both halves; torch only inside a worker half)
@@ -89,11 +89,15 @@ def test_the_wire_is_plain_python_and_protobuf():
                 name, "tandem.wire", "tandem.v1", "tandem.math.params", "tandem.math.acceptance"), f"{module} imports {name}"
 
 
+# The math modules of the workers' half, the only ones that use torch.
+TORCH_MATH = ("tandem.math.sampling", "tandem.math.block", "tandem.math.tree_sampling", "tandem.math.tree_greedy")
+
+
 def test_the_math_is_the_bottom_layer_and_only_the_workers_half_uses_torch():
     for module, found in _imports_of("tandem.math").items():
         for name in found:
             top = name.split(".")[0]
-            if module in ("tandem.math.sampling", "tandem.math.block", "tandem.math.tree_sampling") and top == "torch":
+            if module in TORCH_MATH and top == "torch":
                 continue
             assert top in sys.stdlib_module_names or _in(name, "tandem.math"), f"{module} imports {name}"
 
@@ -110,8 +114,7 @@ def test_a_rule_loads_torch_only_inside_its_worker_half():
             n.module for n in top_level if isinstance(n, ast.ImportFrom)}
         for name in names:
             assert name.split(".")[0] in sys.stdlib_module_names or (
-                _in(name, "tandem.math", "tandem.rules") and not _in(
-                    name, "tandem.math.sampling", "tandem.math.block", "tandem.math.tree_sampling")
+                _in(name, "tandem.math", "tandem.rules") and not _in(name, *TORCH_MATH)
             ), f"{module} imports {name} at its top"
 
 
@@ -120,8 +123,7 @@ def test_workers_and_orchestrator_meet_only_on_the_wire():
     for module, found in _imports_of("tandem.services").items():
         assert not {n for n in found if _in(n, "tandem.orchestrator", *top)}, f"{module} reaches past the wire"
     for module, found in _imports_of("tandem.orchestrator").items():
-        reached = {n for n in found if _in(n, "tandem.services", "tandem.math.sampling", "tandem.math.block",
-                                           "tandem.math.tree_sampling", "torch", *top)}
+        reached = {n for n in found if _in(n, "tandem.services", *TORCH_MATH, "torch", *top)}
         assert not reached, f"{module} reaches past the wire"
 
 
