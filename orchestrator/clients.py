@@ -209,13 +209,15 @@ class DraftClient(WorkerClient):
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
         parent: Context | None = None, ahead: bool = False, epoch: int = 0, tree_widths: tuple[int, ...] = (),
+        tree_rule: str = "",
     ) -> Reply:
         """ahead: a draft past the block under verification (its draws keyed for the next cycle,
         ProposeRequest.ahead; marked on its span); epoch: the session's writer epoch
-        (tandem.services.fencing); tree_widths: a token tree's (gamma deep)."""
+        (tandem.services.fencing); tree_widths: a token tree's (gamma deep), its children drawn by
+        tree_rule ("rrsw", "greedy"; "": the worker's default, rrsw)."""
         def encode(trace_context):
             return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths,
-                                        epoch, ahead)
+                                        epoch, ahead, tree_rule)
 
         attributes = {"tandem.draft_ahead": True} if ahead else None
         if tree_widths:
@@ -238,12 +240,13 @@ class VerifierClient(WorkerClient):
     async def verify(
         self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,
         params: SamplingParams, parent: Context | None = None, epoch: int = 0, verification: str = "token",
-        next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (),
+        next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (), tree_rule: str = "",
     ) -> Reply:
         """next_gamma: a verifier that drafts also drafts the next cycle's block of this many tokens
-        (a token tree that deep, next_tree_widths children per node at each depth)."""
+        (a token tree that deep, next_tree_widths children per node at each depth); tree_rule: how
+        a sampled tree's children are drawn and verified ("rrsw", "greedy"; "": rrsw)."""
         def encode(trace_context):
             return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context, verification,
-                                       epoch, next_gamma, next_tree_widths)
+                                       epoch, next_gamma, next_tree_widths, tree_rule)
 
         return await self._call("Verify", encode, wire.verification_from_pb, parent)

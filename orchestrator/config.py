@@ -8,7 +8,7 @@ from tandem.math import tree
 from tandem.orchestrator.pool import split_address
 from tandem.orchestrator.store import check_redis_url
 from tandem.tls import TLSFiles
-from tandem.wire.generation import DRAFT_SHAPES, VERIFICATION_MODES
+from tandem.wire.generation import DRAFT_SHAPES, TREE_RULES, VERIFICATION_MODES
 
 MAX_TREE_NODES = 64  # a tree's nodes (the workers' MAX_GAMMA: drafted tokens per call)
 
@@ -36,6 +36,7 @@ class OrchestratorConfig:
     draft_shape: str = "chain"  # what cycles draft unless a request says: "chain", "tree" or "auto"
     # A token tree's children per node at depths 1, 2, …, then 1 (a chain under every leaf) down to γ.
     tree_widths: tuple[int, ...] = (2, 2)
+    tree_rule: str = "rrsw"  # how sampled trees are drawn and verified unless a request says: "rrsw" or "greedy"
     # The ingress's bearer token, as its SHA-256 hex digest: the secret itself never travels in
     # the application's config. None: no token, anyone who reaches the ingress may call it.
     api_key_sha256: str | None = None
@@ -66,6 +67,8 @@ class OrchestratorConfig:
             raise ValueError(f"max_gamma must be in [0, 64], got {self.max_gamma}")
         if self.draft_shape not in DRAFT_SHAPES:
             raise ValueError(f"draft_shape must be one of {DRAFT_SHAPES}, got {self.draft_shape!r}")
+        if self.tree_rule not in TREE_RULES:
+            raise ValueError(f"tree_rule must be one of {TREE_RULES}, got {self.tree_rule!r}")
         if not self.tree_widths or min(self.tree_widths) < 1:
             raise ValueError(f"tree_widths must be one or more widths of at least 1, got {self.tree_widths}")
         if (nodes := tree.size(tree.widths_at(self.tree_widths, self.max_gamma))) > MAX_TREE_NODES:

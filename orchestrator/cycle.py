@@ -327,7 +327,7 @@ class SpeculativeLoop:
 
         def call(client, cache_len: int, tokens: list[int]):
             return client.propose(s.session_id, cache_len, tokens, gamma, s.params, parent, epoch=s.epoch,
-                                  tree_widths=tree_widths)
+                                  tree_widths=tree_widths, tree_rule=s.request.tree_rule)
 
         reply = await self._on_worker(s, self.drafts, call, parent)
         if reply is not None and reply.answer is None:
@@ -347,7 +347,7 @@ class SpeculativeLoop:
         def call(client, cache_len: int, tokens: list[int]):
             return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, epoch=s.epoch,
                                  verification=s.request.verification, next_gamma=next_gamma,
-                                 next_tree_widths=next_widths)
+                                 next_tree_widths=next_widths, tree_rule=s.request.tree_rule)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:

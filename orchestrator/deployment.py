@@ -82,7 +82,7 @@ class GenerationService:
         draft_info = await self.drafts.describe(min(5.0, self.config.worker_timeout_s)) or target_info
         self.limits = Limits.of(draft_info, target_info, self.config.max_gamma,
                                 self.config.max_tokens_cap, self.config.default_max_tokens, self.config.verification,
-                                self.config.draft_shape, self.config.tree_widths)
+                                self.config.draft_shape, self.config.tree_widths, self.config.tree_rule)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s,
                                     verifier_drafts=bool(target_info.drafter))

@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from tandem.wire.generation import DRAFT_SHAPES, VERIFICATION_MODES, CycleStats, GenerationRequest
+from tandem.wire.generation import DRAFT_SHAPES, TREE_RULES, VERIFICATION_MODES, CycleStats, GenerationRequest
 from tandem.wire.validation import FieldError, invalid
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
@@ -23,7 +23,7 @@ MAX_STOP_CHARS = 256
 
 # Honoured by both endpoints (tandem's own knobs are extensions, as vLLM's `top_k` is).
 _SHARED = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
-           "gamma", "verification", "draft_shape", "return_spec_tokens_details", "ignore_eos"}
+           "gamma", "verification", "draft_shape", "tree_rule", "return_spec_tokens_details", "ignore_eos"}
 _HONOURED = {COMPLETION: _SHARED | {"prompt"}, CHAT: _SHARED | {"messages", "max_completion_tokens"}}
 # Accepted and without effect on the output.
 _INERT = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
@@ -67,7 +67,8 @@ def parse(body: object, kind: str) -> ApiRequest:
         temperature=_number(given, "temperature"), top_p=_number(given, "top_p"), top_k=_top_k(given),
         seed=_int(given, "seed", 0), gamma=_gamma(given),
         verification=_choice(given, "verification", VERIFICATION_MODES),
-        draft_shape=_choice(given, "draft_shape", DRAFT_SHAPES), ignore_eos=_bool(given, "ignore_eos"))
+        draft_shape=_choice(given, "draft_shape", DRAFT_SHAPES), ignore_eos=_bool(given, "ignore_eos"),
+        tree_rule=_choice(given, "tree_rule", TREE_RULES))
     req = ApiRequest(kind, g, model=_string(given, "model"), stream=_bool(given, "stream"),
                      stop=_stops(given), spec_details=_bool(given, "return_spec_tokens_details"))
     req.include_usage = _include_usage(given, req.stream)

@@ -28,6 +28,7 @@ class Limits:
     default_verification: str  # for a request that does not say
     default_draft_shape: str = "chain"  # likewise
     tree_widths: tuple[int, ...] = (2, 2)  # every request's trees
+    default_tree_rule: str = "rrsw"  # for a request that does not say
 
     @property
     def max_prompt_chars(self) -> int:
@@ -38,10 +39,10 @@ class Limits:
     @classmethod
     def of(cls, draft: ModelInfo, target: ModelInfo, max_gamma: int, max_tokens_cap: int,
            default_max_tokens: int, default_verification: str, default_draft_shape: str = "chain",
-           tree_widths: tuple[int, ...] = (2, 2)) -> "Limits":
+           tree_widths: tuple[int, ...] = (2, 2), default_tree_rule: str = "rrsw") -> "Limits":
         return cls(min(draft.vocab_size, target.vocab_size), min(draft.max_context, target.max_context),
                    max_gamma, max_tokens_cap, default_max_tokens, default_verification, default_draft_shape,
-                   tree_widths)
+                   tree_widths, default_tree_rule)
 
 
 def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> tuple[list[int], Request]:
@@ -71,7 +72,8 @@ def resolve(req: GenerationRequest, limits: Limits, tokenizer) -> tuple[list[int
             raise out_of_range("gamma", f"at most {limits.max_gamma}, got {req.gamma}")
     return prompt, Request(SamplingParams(temperature, top_k, top_p, seed), len(prompt), max_tokens, req.gamma,
                            req.verification or limits.default_verification,
-                           req.draft_shape or limits.default_draft_shape, limits.tree_widths, req.ignore_eos)
+                           req.draft_shape or limits.default_draft_shape, limits.tree_widths, req.ignore_eos,
+                           req.tree_rule or limits.default_tree_rule)
 
 
 def _prompt_ids(req: GenerationRequest, limits: Limits, tokenizer) -> list[int]:

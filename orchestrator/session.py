@@ -2,7 +2,7 @@
 moves on; and the one codec both have in Redis, a hash of named fields.
 
     request (written once):  temperature top_k top_p seed prompt_len max_tokens gamma
-                             verification draft_shape tree_widths ignore_eos
+                             verification draft_shape tree_widths ignore_eos tree_rule
     progress (every commit): cycle status owner epoch draft_worker target_worker
                              draft_cache_len target_cache_len acceptance ttft_s
     once, at creation:       created_s
@@ -36,6 +36,7 @@ class Request:
     draft_shape: str = "chain"  # what cycles draft: "chain", "tree" or "auto" (tandem.orchestrator.cycle)
     tree_widths: tuple[int, ...] = (2, 2)  # a tree's children per node at depths 1, 2, …, then 1
     ignore_eos: bool = False  # generate past the target's EOS, up to max_tokens
+    tree_rule: str = "rrsw"  # a sampled tree's: "rrsw" or "greedy" (tandem.rules.tree)
 
     def fields(self) -> dict[str, str | int | float]:
         p = self.params
@@ -43,12 +44,12 @@ class Request:
                 "prompt_len": self.prompt_len, "max_tokens": self.max_tokens,
                 "gamma": "" if self.gamma is None else self.gamma, "verification": self.verification,
                 "draft_shape": self.draft_shape, "tree_widths": ",".join(map(str, self.tree_widths)),
-                "ignore_eos": int(self.ignore_eos)}
+                "ignore_eos": int(self.ignore_eos), "tree_rule": self.tree_rule}
 
     @classmethod
     def of(cls, fields: dict[str, str]) -> "Request":
-        """From a stored hash (strings); a record from before block verification or trees reads
-        as token-level chains."""
+        """From a stored hash (strings); a record from before block verification, trees or tree
+        rules reads as token-level chains and RRSw trees."""
         params = SamplingParams(float(fields["temperature"]), int(fields["top_k"]), float(fields["top_p"]),
                                 int(fields["seed"]))
         widths = fields.get("tree_widths", "")
@@ -56,7 +57,7 @@ class Request:
                    int(fields["gamma"]) if fields.get("gamma", "") != "" else None,
                    fields.get("verification", "token"), fields.get("draft_shape", "chain"),
                    tuple(int(w) for w in widths.split(",")) if widths else (),
-                   fields.get("ignore_eos", "0") == "1")
+                   fields.get("ignore_eos", "0") == "1", fields.get("tree_rule", "rrsw"))
 
 
 @dataclass

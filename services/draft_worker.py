@@ -12,6 +12,7 @@ from tandem.services.sampler import Branch, Draw
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
+from tandem.wire.generation import tree_rule_from_pb
 from tandem.wire.validation import check_context, invalid
 
 
@@ -53,12 +54,13 @@ def draw_uniforms(seed: int, position: int, gamma: int, ahead: bool = False) -> 
 
 def propose_tree(
     session_id: str, cache_len: int, tokens: list[int], widths: list[int], params: SamplingParams,
-    step: type[Step] = Step,
+    step: type[Step] = Step, rule: str = "rrsw",
 ) -> Job:
     """The job that drafts a token tree after the committed sequence → a Proposal with parents
     (tandem.math.tree): every node at depth d gets widths[d−1] children, its draft's top tokens
-    (greedy) or as many drawn from its draft distribution without replacement (sampled: what the
-    verifier's recursive rejection sampling assumes; tandem.services.sampler.Branch). One step
+    (greedy) or, sampled, as the tree rule draws them (rrsw: as many drawn without replacement,
+    what the verifier's recursive rejection sampling assumes; greedy: the top tokens but one and
+    one drawn from the rest; tandem.services.sampler.Branch). One step
     per depth runs that depth's nodes after the earlier ones in the cache, under the tree mask
     (one pass, however wide), so that a node's logits see exactly its path. Raises CacheMiss.
 
@@ -73,7 +75,7 @@ def propose_tree(
     frontier = [-1]  # the nodes whose children this depth draws, one row of logits each
     for depth, width in enumerate(widths):
         start = len(drafted)
-        branched = yield replace(feed, ask=Branch(params, width, u[start:]))
+        branched = yield replace(feed, ask=Branch(params, width, u[start:], rule))
         for node, kids, probs in zip(frontier, branched.children, branched.probs):
             drafted.extend(kids)
             parents.extend([node] * len(kids))
@@ -83,6 +85,11 @@ def propose_tree(
         # This depth's nodes after the earlier ones, which the cache holds.
         feed = step(session_id, position + start, drafted[start:], keep=len(frontier), parents=tuple(parents))
     return wire.Proposal(drafted, token_probs, dists, 0.0, parents=parents)
+
+
+def tree_rule(request) -> str:
+    """A Propose or Verify request's tree rule, "rrsw" when unspecified, or INVALID_ARGUMENT naming it."""
+    return tree_rule_from_pb(request.tree_rule) or "rrsw"
 
 
 def is_tree(widths: list[int]) -> bool:
@@ -117,6 +124,7 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         if not 1 <= request.gamma <= MAX_GAMMA:
             raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
         check_tree_widths(list(request.tree_widths), request.gamma)
+        tree_rule(request)
         end = request.cache_len + len(request.tokens) + drafted(request) - 1
         check_context("gamma", end, self.runtime.info.max_context)
         params = self.check_sampling(request.sampling)
@@ -134,7 +142,7 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         """The job that answers a checked request, and how many probabilities it returns."""
         widths = list(request.tree_widths)
         args = (request.session_id, request.cache_len, list(request.tokens))
-        job = (propose_tree(*args, widths, params) if is_tree(widths)
+        job = (propose_tree(*args, widths, params, rule=tree_rule(request)) if is_tree(widths)
                else propose(*args, request.gamma, params, ahead=request.ahead))
         return job, self.returned_probs(request, params)
 

@@ -20,7 +20,7 @@ import torch
 
 from tandem import rules
 from tandem.math import tree as tree_math
-from tandem.math import tree_sampling
+from tandem.math import tree_greedy, tree_sampling
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, cycle_uniforms, uniform, uniforms
 from tandem.math.sampling import sample, warp_rows
@@ -46,12 +46,14 @@ class Drawn:
 @dataclass(frozen=True)
 class Branch:
     """A tree depth's children for each of the step's rows: each row's `width` top tokens
-    (greedy), or as many drawn without replacement, row r's draws keyed by the node indices its
-    children get (uniforms: the depth's, from its first node on) → `Branched`."""
+    (greedy), or, sampled, as its tree rule draws them (tandem.math.tree_sampling's without
+    replacement, tandem.math.tree_greedy's top tokens and one drawn), row r's draws keyed by the
+    node indices its children get (uniforms: the depth's, from its first node on) → `Branched`."""
 
     params: SamplingParams
     width: int
     uniforms: tuple[float, ...] = ()
+    rule: str = "rrsw"  # "rrsw" or "greedy" (tandem.rules.tree)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class CheckTree:
     tree: tree_math.Tree
     draft_probs: torch.Tensor | None
     position: int  # absolute position of the depth-1 nodes
+    rule: str = "rrsw"  # how the tree's children were drawn: "rrsw" or "greedy" (tandem.rules.tree)
 
 
 def answer(asks: list, logits: list[torch.Tensor]) -> list:
@@ -145,7 +148,16 @@ def _branches(asks: list[Branch], spans: list[range], values, rows: torch.Tensor
         probs, packed = [[1.0] * len(c) for c in children], [None] * len(children)
     else:
         q = values.index_select(0, index)  # [R, V]: every node's draft distribution
-        children = tree_sampling.draw_children(q, _child_uniforms(asks, spans, (q > 0).sum(-1).tolist()))
+        u = _child_uniforms(asks, spans, (q > 0).sum(-1).tolist())
+        rules_of = [a.rule for a, span in zip(asks, spans) for _ in span]  # per row
+        children: list[list[int]] = [[] for _ in widths]
+        for rule in dict.fromkeys(rules_of):
+            mine = [r for r, rule_r in enumerate(rules_of) if rule_r == rule]
+            q_mine, u_mine = q.index_select(0, _index(mine, q)), [u[r] for r in mine]
+            kids = (tree_greedy.draw_children(q_mine, [w[:1] for w in u_mine], [widths[r] for r in mine])
+                    if rule == "greedy" else tree_sampling.draw_children(q_mine, u_mine))
+            for r, k in zip(mine, kids):
+                children[r] = k
         flat = _index((r * q.shape[-1] + t for r, kids in enumerate(children) for t in kids), q)
         probs = _cut(q.flatten()[flat].tolist(), [len(c) for c in children])
         packed = distributions.pack(q)
@@ -230,10 +242,18 @@ def _draft_probs(asks: list[Check], gammas: list[int], drafts: torch.Tensor, voc
 def _check_trees(asks: list[CheckTree], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list:
     if greedy:
         return [tree_math.greedy_verdict(a.tree, values[span[0]:span[-1] + 1]) for a, span in zip(asks, spans)]
-    target = values.index_select(0, _index((r for span in spans for r in span), values))  # [N, V]
-    drafts = [a.draft_probs for a in asks if a.draft_probs is not None]
-    u = [cycle_uniforms(a.params.seed, a.position, len(a.tree) + 1, Purpose.TREE_RECOVERED) for a in asks]
-    return rules.TREE.verdicts([a.tree for a in asks], target, torch.cat(drafts) if drafts else None, u)
+    out: list = [None] * len(asks)
+    for rule in dict.fromkeys(a.rule for a in asks):  # each rule's trees at once
+        mine = [i for i, a in enumerate(asks) if a.rule == rule]
+        target = values.index_select(0, _index((r for i in mine for r in spans[i]), values))  # [N, V]
+        drafts = [asks[i].draft_probs for i in mine if asks[i].draft_probs is not None]
+        u = [cycle_uniforms(asks[i].params.seed, asks[i].position, len(asks[i].tree) + 1, Purpose.TREE_RECOVERED)
+             for i in mine]
+        verdicts = rules.TREE.verdicts([asks[i].tree for i in mine], target, torch.cat(drafts) if drafts else None, u,
+                                       rule)
+        for i, v in zip(mine, verdicts):
+            out[i] = v
+    return out
 
 
 _HANDLERS = {Draw: _draws, Branch: _branches, Check: _checks, CheckTree: _check_trees}

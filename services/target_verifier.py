@@ -40,11 +40,12 @@ def verify(
 
 def verify_tree(
     session_id: str, cache_len: int, tokens: list[int], draft: tree.Tree, draft_probs: torch.Tensor | None,
-    params: SamplingParams,
+    params: SamplingParams, rule: str = "rrsw",
 ) -> Job:
     """The job that checks a token tree in one step → a Verification of its tree_* fields.
     draft_probs [e, V]: the draft's distribution at each node with children (tree.expanded
-    order); None when greedy. Raises CacheMiss.
+    order); None when greedy. rule: how the draft drew the children ("rrsw", "greedy"). Raises
+    CacheMiss.
 
     The committed tail and the tree run as one tree (the tail a chain above the root), every
     node at its depth's position seeing only its path. Then the job walks the tree with the
@@ -55,7 +56,7 @@ def verify_tree(
     position = cache_len + m  # absolute position of the depth-1 nodes
     parents = tuple(range(-1, m - 1)) + tuple(p + m if p >= 0 else m - 1 for p in draft.parents)
     verdict = yield Step(session_id, cache_len, tokens + list(draft.tokens), keep=n + 1, parents=parents,
-                         ask=CheckTree(params, draft, draft_probs, position))
+                         ask=CheckTree(params, draft, draft_probs, position, rule))
     path = rules.TREE.path(draft, verdict.accept_probs, params.seed, position)  # the orchestrator's walk
     kept = yield KeepPath(session_id, position, path)
     return wire.Verification([], [], 0, 0.0, tree_accept_probs=verdict.accept_probs,
@@ -88,16 +89,17 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
             raise invalid("draft_distributions", "required when sampling (temperature > 0)")
         probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
         args = (request.session_id, request.cache_len, list(request.tokens))
+        tree_rule = draft_worker.tree_rule(request)
         if draft:
             def make(draft_probs):
-                return verify_tree(*args, draft, draft_probs, params)
+                return verify_tree(*args, draft, draft_probs, params, tree_rule)
         else:
             def make(draft_probs):
                 return verify(*args, list(request.draft_tokens), draft_probs, params, rule)
         job = _decoding(make, request.draft_distributions, info.vocab_size)
         if request.next_gamma:
             self._check_next(request)
-        then = (_next_block(request, draft, params, rule, info.max_context, self.runtime.draft_step)
+        then = (_next_block(request, draft, params, rule, tree_rule, info.max_context, self.runtime.draft_step)
                 if request.next_gamma else None)
         return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch, then,
                     _with_block)
@@ -125,14 +127,15 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
         return self.in_order(requests, lambda request: self.VerifyBatch(request, context))
 
 
-def _next_block(request, draft: tree.Tree | None, params: SamplingParams, rule: rules.ChainRule, max_context: int,
-                step: type[Step]):
+def _next_block(request, draft: tree.Tree | None, params: SamplingParams, rule: rules.ChainRule, tree_rule: str,
+                max_context: int, step: type[Step]):
     """What follows a verify that asks for the next block: from its Verification, walk the block
     as the orchestrator will (its rule, or the tree rule for a token tree; its counter-based
     uniforms; the draft probabilities it holds), then the work that drafts the next block after
     that outcome (a chain of next_gamma tokens, or a tree that deep of next_tree_widths), keyed as
-    a draft worker's call from there would key it (None when it does not fit the context). step:
-    the runtime's drafting step (tandem.services.head_runtime, self_draft)."""
+    a draft worker's call from there would key it (None when it does not fit the context); a
+    tree's children drawn by tree_rule. step: the runtime's drafting step
+    (tandem.services.head_runtime, self_draft)."""
     position = request.cache_len + len(request.tokens)  # the first drafted token's
     drafted = list(request.draft_tokens)
     # A tree's walk needs no draft probabilities: its verdict carries each node's acceptance.
@@ -153,7 +156,8 @@ def _next_block(request, draft: tree.Tree | None, params: SamplingParams, rule: 
         if not widths:
             return None
         args = (request.session_id, committed - 1, outcome.tokens[-1:])
-        job = (draft_worker.propose_tree(*args, widths, params, step=step) if draft_worker.is_tree(widths)
+        job = (draft_worker.propose_tree(*args, widths, params, step=step, rule=tree_rule)
+               if draft_worker.is_tree(widths)
                else draft_worker.propose(*args, len(widths), params, step=step))
         return Work(job, False, request.writer_epoch)
 

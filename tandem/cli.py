@@ -162,6 +162,10 @@ DRAFT_SHAPE_HELP = ("what cycles draft unless a request says: one chain (the def
                     "by the tokens per measured millisecond each gives")
 TREE_WIDTHS_HELP = ("a token tree's children per node at depths 1, 2, ..., then 1 down to gamma (default 2,2: "
                     "2 + 4 + 4 nodes at gamma 3)")
+TREE_RULES = ("rrsw", "greedy")  # tandem.wire.generation.TREE_RULES, likewise
+TREE_RULE_HELP = ("how sampled token trees are drawn and verified unless a request says: every child drawn without "
+                  "replacement, recursive rejection sampling (rrsw, the default), or the draft's top tokens but one "
+                  "and one drawn from the rest, the greedy multi-draft rule (greedy; Hu et al. 2025)")
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
@@ -288,8 +292,9 @@ def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
 
 
 def _drafting_options(args: argparse.Namespace) -> dict:
-    """The OrchestratorConfig fields of --verification, --draft-shape and --tree-widths."""
-    return {"verification": args.verification, "draft_shape": args.draft_shape, "tree_widths": _tree_widths(args)}
+    """The OrchestratorConfig fields of --verification, --draft-shape, --tree-widths and --tree-rule."""
+    return {"verification": args.verification, "draft_shape": args.draft_shape, "tree_widths": _tree_widths(args),
+            "tree_rule": args.tree_rule}
 
 
 def _tree_widths(args: argparse.Namespace) -> tuple[int, ...]:
@@ -560,6 +565,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     up.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     up.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
+    up.add_argument("--tree-rule", choices=TREE_RULES, default="rrsw", help=TREE_RULE_HELP)
     up.add_argument("--drafter", choices=DRAFTERS, default="hybrid",
                     help="draft workers: hybrid, n-gram lookup in the context where it matches and the draft model "
                          "elsewhere (the default: the fastest measured); the draft model alone; or the lookup alone "
@@ -658,6 +664,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     orch.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     orch.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
+    orch.add_argument("--tree-rule", choices=TREE_RULES, default="rrsw", help=TREE_RULE_HELP)
     _add_tls_flags(orch, "orchestrator")
     orch.set_defaults(func=cmd_orchestrator, extra="server")
 

@@ -100,7 +100,7 @@ def build_request(
     prompt: str | None, prompt_token_ids: list[int] | None, max_tokens: int | None,
     temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None,
     gamma: int | str | None, verification: str | None = None, draft_shape: str | None = None,
-    ignore_eos: bool = False,
+    ignore_eos: bool = False, tree_rule: str | None = None,
 ) -> wire.GenerationRequest:
     """Client-side checks (ValueError) and the wire request."""
     if (prompt is None) == (prompt_token_ids is None):
@@ -129,10 +129,12 @@ def build_request(
     if draft_shape is not None and draft_shape not in wire.DRAFT_SHAPES:
         raise ValueError(f"draft_shape must be None (the server's default), 'chain', 'tree' or 'auto', "
                          f"got {draft_shape!r}")
+    if tree_rule is not None and tree_rule not in wire.TREE_RULES:
+        raise ValueError(f"tree_rule must be None (the server's default), 'rrsw' or 'greedy', got {tree_rule!r}")
     return wire.GenerationRequest(
         prompt=prompt or "", prompt_token_ids=list(prompt_token_ids or []), max_tokens=max_tokens or 0,
         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, gamma=gamma, verification=verification or "",
-        draft_shape=draft_shape or "", ignore_eos=bool(ignore_eos),
+        draft_shape=draft_shape or "", ignore_eos=bool(ignore_eos), tree_rule=tree_rule or "",
     )
 
 
@@ -247,12 +249,13 @@ class Client(_Base):
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  gamma: int | str | None = None, timeout_s: float | None = None,
                  verification: str | None = None, draft_shape: str | None = None,
-                 ignore_eos: bool = False) -> GenerationResult:
+                 ignore_eos: bool = False, tree_rule: str | None = None) -> GenerationResult:
         """Generate a completion. gamma None/'auto' is adaptive; temperature 0 is greedy;
-        verification ('token', 'block') and draft_shape ('chain', 'tree', 'auto'): None is the
-        server's default; ignore_eos: generate past the target's EOS, up to max_tokens."""
+        verification ('token', 'block'), draft_shape ('chain', 'tree', 'auto') and tree_rule
+        ('rrsw', 'greedy': how sampled trees are drawn and verified): None is the server's
+        default; ignore_eos: generate past the target's EOS, up to max_tokens."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape, ignore_eos)
+                            verification, draft_shape, ignore_eos, tree_rule)
         return _fold(list(self._stream(self._follow(req, None, 0, timeout_s))))
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
@@ -260,10 +263,10 @@ class Client(_Base):
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                gamma: int | str | None = None, timeout_s: float | None = None,
                verification: str | None = None, draft_shape: str | None = None,
-               ignore_eos: bool = False) -> Iterator[StreamChunk]:
+               ignore_eos: bool = False, tree_rule: str | None = None) -> Iterator[StreamChunk]:
         """Yield chunks as cycles commit them; the last one carries finish_reason and stats."""
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape, ignore_eos)
+                            verification, draft_shape, ignore_eos, tree_rule)
         return self._stream(self._follow(req, None, 0, timeout_s))
 
     def resume(self, session_id: str, from_index: int = 0, *, timeout_s: float | None = None) -> Iterator[StreamChunk]:
@@ -325,9 +328,9 @@ class AsyncClient(_Base):
                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                        gamma: int | str | None = None, timeout_s: float | None = None,
                        verification: str | None = None, draft_shape: str | None = None,
-                       ignore_eos: bool = False) -> GenerationResult:
+                       ignore_eos: bool = False, tree_rule: str | None = None) -> GenerationResult:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape, ignore_eos)
+                            verification, draft_shape, ignore_eos, tree_rule)
         return _fold([c async for c in self._stream(self._follow(req, None, 0, timeout_s))])
 
     def stream(self, prompt: str | None = None, *, prompt_token_ids: list[int] | None = None,
@@ -335,9 +338,9 @@ class AsyncClient(_Base):
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                gamma: int | str | None = None, timeout_s: float | None = None,
                verification: str | None = None, draft_shape: str | None = None,
-               ignore_eos: bool = False) -> AsyncIterator[StreamChunk]:
+               ignore_eos: bool = False, tree_rule: str | None = None) -> AsyncIterator[StreamChunk]:
         req = build_request(prompt, prompt_token_ids, max_tokens, temperature, top_k, top_p, seed, gamma,
-                            verification, draft_shape, ignore_eos)
+                            verification, draft_shape, ignore_eos, tree_rule)
         return self._stream(self._follow(req, None, 0, timeout_s))
 
     def resume(self, session_id: str, from_index: int = 0, *,

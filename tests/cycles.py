@@ -59,7 +59,8 @@ FIRST_TOKEN = SamplingParams(temperature=1.0, top_k=8)  # what sampled_first_tok
 
 
 def sampled_first_tokens(draft: str, target: str, redis_url: str, eos: int, prompt: list[int], seeds: int,
-                         verification: str, name: str, draft_shape: str = "chain") -> list[tuple[int, int]]:
+                         verification: str, name: str, draft_shape: str = "chain",
+                         tree_rule: str = "rrsw") -> list[tuple[int, int]]:
     """Per seed 0 … seeds−1, a session on `prompt` under FIRST_TOKEN with γ = 3 and no drafting
     ahead, 16 at a time → (its first token, its first cycle's γ: a tree's nodes)."""
 
@@ -71,7 +72,7 @@ def sampled_first_tokens(draft: str, target: str, redis_url: str, eos: int, prom
                 async with slots:
                     params = SamplingParams(FIRST_TOKEN.temperature, FIRST_TOKEN.top_k, FIRST_TOKEN.top_p, seed)
                     s = await open_session(loop, f"{name}-{seed}", prompt, params, 4, 3, verification=verification,
-                                           draft_shape=draft_shape)
+                                           draft_shape=draft_shape, tree_rule=tree_rule)
                     tokens = await generate(loop, s)
                     await release(loop, s)
                     return tokens[0], s.stats.per_cycle[0].gamma

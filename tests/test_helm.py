@@ -537,6 +537,7 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
         assert config.verification == v["orchestrator"]["verification"]
         assert config.draft_shape == v["orchestrator"]["draftShape"]
         assert config.tree_widths == tuple(v["orchestrator"]["treeWidths"])
+        assert config.tree_rule == v["orchestrator"]["treeRule"]
         assert config.tokenizer is not None
         assert config.openai_api == (v["orchestrator"]["httpPort"] != 0)
         assert config.redis_url == os.environ["REDIS_URL"]
@@ -1326,6 +1327,8 @@ BAD_VALUES = [
     (["--set", "orchestrator.draftShape=wide"],
      'orchestrator.draftShape: orchestrator.draftShape must be one of the following: "chain", "tree", "auto"'),
     (["--set-json", "orchestrator.treeWidths=[2,0]"], "orchestrator.treeWidths.1: Must be greater than or equal to 1"),
+    (["--set", "orchestrator.treeRule=best"],
+     'orchestrator.treeRule: orchestrator.treeRule must be one of the following: "rrsw", "greedy"'),
     (["--set", "drafter.device=tpu"], "drafter.device: Does not match pattern"),
     (["--set", "image.repository="], "image.repository: String length must be greater than or equal to 1"),
     (["--set-json", "networkPolicy.clients=[{}]"], "networkPolicy.clients.0: Must have at least 1 properties"),

@@ -135,8 +135,9 @@ def test_only_the_wire_builds_messages():
 
 def test_the_cli_offers_the_verification_modes_draft_shapes_and_drafters_there_are():
     from tandem import cli, local
-    from tandem.wire.generation import DRAFT_SHAPES, VERIFICATION_MODES
+    from tandem.wire.generation import DRAFT_SHAPES, TREE_RULES, VERIFICATION_MODES
 
     assert cli.VERIFICATIONS == VERIFICATION_MODES  # the CLI keeps its own copy: it imports no wire at start
     assert cli.DRAFT_SHAPES == DRAFT_SHAPES
+    assert cli.TREE_RULES == TREE_RULES
     assert cli.DRAFTERS == local.DRAFTERS  # nor tandem.local

@@ -9,7 +9,7 @@ import grpc
 import pytest
 import torch
 
-from tandem.math import tree, tree_sampling
+from tandem.math import tree, tree_greedy, tree_sampling
 from tandem.math.params import SamplingParams
 from tandem.math.rng import Purpose, cycle_uniforms
 from tandem.services import distributions, draft_worker, target_verifier
@@ -92,8 +92,9 @@ def stubs(models):
         loop.close()
 
 
-def propose_tree(stub, session_id: str, tokens: list[int], widths: list[int], params=GREEDY) -> wire.Proposal:
-    request = wire.propose_request(session_id, 0, tokens, len(widths), params, tree_widths=widths)
+def propose_tree(stub, session_id: str, tokens: list[int], widths: list[int], params=GREEDY,
+                 tree_rule: str = "") -> wire.Proposal:
+    request = wire.propose_request(session_id, 0, tokens, len(widths), params, tree_widths=widths, tree_rule=tree_rule)
     return wire.proposal_from_pb(stub.Propose(request, timeout=TIMEOUT_S))
 
 
@@ -109,12 +110,14 @@ def assert_continues(stub, model, session: str, cache_len: int, committed: list[
     assert after.target_token_probs == [1.0] * 5 and after.bonus_token == following[5]
 
 
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_the_draft_tree_is_the_drafts_top_or_drawn_tokens_on_every_path(stubs, hf, params):
+@pytest.mark.parametrize("params, rule", [(GREEDY, "rrsw"), (SAMPLED, "rrsw"), (SAMPLED, "greedy")],
+                         ids=["greedy", "sampled", "sampled-greedy-rule"])
+def test_the_draft_tree_is_the_drafts_top_or_drawn_tokens_on_every_path(stubs, hf, params, rule):
     """Every node's children are the draft's top tokens after its path (greedy), or distinct
-    tokens drawn from its distribution there, which comes back as the node's row (sampled)."""
+    tokens drawn from its distribution there, which comes back as the node's row (sampled); by
+    the greedy rule, one drawn from outside the top tokens, then the top tokens but one."""
     context = prompt(10, seed=1)
-    p = propose_tree(stubs["draft"], "shape", context, WIDTHS, params)
+    p = propose_tree(stubs["draft"], f"shape-{rule}", context, WIDTHS, params, rule)
     t = tree.Tree(tuple(p.draft_tokens), tuple(p.parents))
     assert [len(t.children[n]) for n in [-1] + list(range(len(t)))] == [3] + [2] * 3 + [1] * 6 + [0] * 6
     rows = distributions.unpack(p.draft_distributions, VOCAB) if p.draft_distributions else None
@@ -128,6 +131,9 @@ def test_the_draft_tree_is_the_drafts_top_or_drawn_tokens_on_every_path(stubs, h
             expected = hf_warped(logits, params.temperature, params.top_k)
             torch.testing.assert_close(rows[row], expected, atol=1e-5, rtol=1e-4)
             assert all(expected[k] > 0 for k in kids)
+            if rule == "greedy":
+                top = expected.topk(len(kids) - 1).indices.tolist()
+                assert kids[1:] == top and kids[0] not in top
             assert [p.draft_token_probs[c] for c in t.children[node]] == pytest.approx(expected[kids].tolist(),
                                                                                       abs=1e-5)
 
@@ -174,6 +180,24 @@ def test_sampled_tree_verify_answers_rrsw_on_the_targets_distributions(stubs, hf
     assert_continues(stubs["target"], hf["target"], "sampled", position + len(path), committed)
 
 
+def test_sampled_tree_verify_by_the_greedy_rule_answers_its_verdict(stubs, hf):
+    """With tree_rule greedy, the draft's children and the verifier's verdict are the greedy
+    multi-draft rule's (tandem.math.tree_greedy) on Hugging Face's warped distributions."""
+    context = prompt(10, seed=13)
+    p = propose_tree(stubs["draft"], "greedy-rule", context, WIDTHS, SAMPLED, "greedy")
+    t = tree.Tree(tuple(p.draft_tokens), tuple(p.parents))
+    request = wire.verify_request("greedy-rule", 0, context, p, SAMPLED, tree_rule="greedy")
+    v = wire.verification_from_pb(stubs["target"].Verify(request, timeout=TIMEOUT_S))
+    target = torch.stack([hf_warped(hf_logits(hf["target"], context + path_tokens(t, n))[-1], 1.0, SAMPLED.top_k)
+                          for n in range(-1, len(t))])  # [n+1, V]
+    draft = distributions.unpack(p.draft_distributions, VOCAB)
+    u = cycle_uniforms(SAMPLED.seed, len(context), len(t) + 1, Purpose.TREE_RECOVERED)
+    expected = tree_greedy.verdicts([t], target, draft, [u])[0]
+    assert v.tree_accept_probs == pytest.approx(expected.accept_probs, abs=1e-5)
+    assert v.tree_recovered_tokens == expected.recovered
+    assert expected.accept_probs != tree_sampling.verdict(t, target, draft, u).accept_probs  # the rules differ
+
+
 def test_bad_trees_are_refused_naming_the_field(stubs):
     context = prompt(6, seed=4)
     for widths, message in (([2, 2], "one width per depth"), ([2, 0, 1], "at least 1"), ([8, 8, 1], "nodes")):
@@ -192,6 +216,16 @@ def test_bad_trees_are_refused_naming_the_field(stubs):
     with pytest.raises(grpc.RpcError) as e:
         verify(stubs["target"], "bad-rows", 0, context, p, SAMPLED)
     assert_status(e, grpc.StatusCode.INVALID_ARGUMENT, "draft_distributions")
+    bad_rule = wire.propose_request("bad-rule", 0, context, 2, SAMPLED, tree_widths=[2, 1])
+    bad_rule.tree_rule = 7
+    with pytest.raises(grpc.RpcError) as e:
+        stubs["draft"].Propose(bad_rule, timeout=TIMEOUT_S)
+    assert_status(e, grpc.StatusCode.INVALID_ARGUMENT, "tree_rule")
+    bad_rule = wire.verify_request("bad-rule", 0, context, block([5]), GREEDY)
+    bad_rule.tree_rule = 7
+    with pytest.raises(grpc.RpcError) as e:
+        stubs["target"].Verify(bad_rule, timeout=TIMEOUT_S)
+    assert_status(e, grpc.StatusCode.INVALID_ARGUMENT, "tree_rule")
     # The verifier keeps serving.
     assert verify(stubs["target"], "after", 0, context, block([])).bonus_token >= 0
 
@@ -227,5 +261,15 @@ def test_sampled_first_token_through_trees_follows_the_target(workers, redis_url
     context = pair["prompts"][6]
     results = sampled_first_tokens(workers["draft"], workers["target"], redis_url, pair["eos"], context, 300,
                                    "token", "tree", draft_shape="tree")
+    assert all(gamma == 10 for _, gamma in results), "every first cycle should have drafted a full tree"
+    assert_first_tokens_follow_the_target(target_model, context, [token for token, _ in results])
+
+
+def test_sampled_first_token_through_greedy_rule_trees_follows_the_target(workers, redis_url, pair, target_model):
+    """The same through trees drawn and verified by the greedy multi-draft rule (--tree-rule
+    greedy); its negative control is the math's (tests/test_tree_greedy.py)."""
+    context = pair["prompts"][6]
+    results = sampled_first_tokens(workers["draft"], workers["target"], redis_url, pair["eos"], context, 300,
+                                   "token", "greedy-rule", draft_shape="tree", tree_rule="greedy")
     assert all(gamma == 10 for _, gamma in results), "every first cycle should have drafted a full tree"
     assert_first_tokens_follow_the_target(target_model, context, [token for token, _ in results])

@@ -5,6 +5,7 @@ recursive rejection sampling without replacement on the same nodes, and its chil
 import itertools
 
 import pytest
+from scipy.stats import chisquare
 import torch
 
 from tandem.math import tree_greedy, tree_sampling
@@ -102,8 +103,29 @@ def test_the_greedy_rule_accepts_more_often_than_rrsw_on_the_same_nodes(temperat
 
 
 def test_children_are_the_top_tokens_after_one_drawn_from_the_rest():
-    q = torch.tensor([0.1, 0.4, 0.2, 0.2, 0.1, 0.0, 0.0, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.4, 0.25, 0.15, 0.1, 0.0, 0.0, 0.0], dtype=torch.float64)
     draws = [tree_greedy.children(q, 3, u) for u in torch.linspace(0.001, 0.999, 200).tolist()]
-    assert all(kids[1:] == [1, 2] for kids in draws)  # ties to the lower id
+    assert all(kids[1:] == [1, 2] for kids in draws)
     assert {kids[0] for kids in draws} == {0, 3, 4}
     assert tree_greedy.children(q, 1, 0.5)[0] in {0, 1, 2, 3, 4}
+
+
+def _draws(p, q, width, n, residual, seed=0) -> list[int]:
+    """n outputs of a node under the greedy rule, drawn end to end as the cluster does: its
+    children, the walk (one uniform per child, tandem.math.tree.walk), the residual draw."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for u in torch.rand(n, 2 + width, generator=g, dtype=torch.float64).tolist():
+        kids = tree_greedy.children(q, width, u[0])
+        ratios, rest = tree_greedy.node_rule(p, q, kids, residual)
+        chosen = next((k for k, r, uk in zip(kids, ratios, u[2:]) if uk < r), None)
+        out.append(chosen if chosen is not None else int(torch.searchsorted(rest.cumsum(0), u[1] * rest.sum())))
+    return out
+
+
+def test_drawn_outputs_pass_chi2_against_the_target_and_without_the_residual_do_not():
+    p, q = _pair(15)  # a node where the negative control is 0.13 off in some token's probability
+    for residual, passes in ((True, True), (False, False)):
+        counts = torch.bincount(torch.tensor(_draws(p, q, 2, 6000, residual)), minlength=V).double()
+        pvalue = chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue
+        assert (pvalue > 1e-3) == passes, (residual, pvalue)

@@ -29,20 +29,59 @@ is then one-hot on it, which is what drawing X from q′ gives, so the rule stay
 import torch
 
 from tandem.math import sampling
+from tandem.math.tree import Tree, Verdict
 
 
 def children(q: torch.Tensor, width: int, u: float) -> list[int]:
     """A node's `width` children under the greedy rule, q [V] → [X, d_1, …, d_{w−1}]: D = q's
-    top w − 1 tokens (the lower id first among equals), X drawn from q′ with the uniform u
-    (fewer children when q has fewer tokens with mass)."""
-    q = q.double()
-    order = sorted(range(q.shape[-1]), key=lambda t: (-float(q[t]), t))
-    top = [t for t in order[:width - 1] if q[t] > 0]
+    top w − 1 tokens with mass, then X drawn from q′ with the uniform u, first (fewer children
+    when q has fewer tokens with mass)."""
+    return draw_children(q[None], [[u]], [width])[0]
+
+
+def draw_children(q: torch.Tensor, u: list[list[float]], widths: list[int]) -> list[list[int]]:
+    """`children` for several nodes at once: q [R, V], row r's X drawn with u[r][0] (none when
+    u[r] is empty: no token to draw) after its top widths[r] − 1 tokens."""
+    q = q.double()  # [R, V]
+    k = min(max(widths) - 1, q.shape[-1])
+    top = q.topk(k, -1).indices.tolist() if k > 0 else [[] for _ in widths]  # [R][k], most likely first
+    tops = [[t for t in row[:w - 1] if q[r, t] > 0] for r, (row, w) in enumerate(zip(top, widths))]
     rest = q.clone()
-    rest[top] = 0
-    if rest.sum() <= 0:  # no mass outside D: its first token is X (the module's docstring)
-        return top
-    return [int(sampling.sample(rest[None], torch.tensor([u], dtype=torch.float64))[0])] + top
+    for r, d in enumerate(tops):
+        rest[r, d] = 0
+    out = [list(d) for d in tops]
+    drawing = [r for r in range(len(widths)) if u[r] and rest[r].sum() > 0]  # else D's first token is X
+    if drawing:
+        rows = torch.tensor(drawing)
+        draws = torch.tensor([u[r][0] for r in drawing], dtype=torch.float64)
+        for r, x in zip(drawing, sampling.sample(rest[rows], draws).tolist()):
+            out[r] = [x, *tops[r]]
+    return out
+
+
+def verdicts(trees: list[Tree], target: torch.Tensor, draft: torch.Tensor | None, u_residual: list[list[float]],
+             ) -> list[Verdict]:
+    """The greedy rule's verdict for every node of several trees (tandem.math.tree_sampling.verdicts'
+    layout): target [N, V], every tree's n + 1 rows (the root, then each node), tree after tree;
+    draft [E, V], every tree's expanded nodes in the same order; u_residual, per tree, one
+    uniform per row. A row with children draws from its residual, a leaf's from the target."""
+    out, row, e = [], 0, 0
+    for tree, us in zip(trees, u_residual):
+        accept, recovered = [0.0] * len(tree), []
+        for node in range(-1, len(tree)):
+            kids = tree.children[node]
+            if kids:
+                ratios, token = node_verdict(target[row], draft[e], [tree.tokens[k] for k in kids], us[node + 1])
+                for k, ratio in zip(kids, ratios):
+                    accept[k] = ratio
+                e += 1
+            else:
+                token = int(sampling.sample(target[row:row + 1].double(), torch.tensor([us[node + 1]],
+                                                                                       dtype=torch.float64))[0])
+            recovered.append(token)
+            row += 1
+        out.append(Verdict(accept, recovered))
+    return out
 
 
 def node_verdict(p: torch.Tensor, q: torch.Tensor, kids: list[int], u_residual: float,

@@ -1,8 +1,10 @@
 """Token-tree verification (tandem.math.tree): the target scores every node in one pass, and the
 walk from the root descends to the first child that passes its test, while there is one.
 
-Greedy, a node passes when it holds its parent's argmax; sampled, by recursive rejection
-sampling without replacement (tandem.math.tree_sampling has the algorithm and why it is exact).
+Greedy, a node passes when it holds its parent's argmax; sampled, by the session's tree rule:
+recursive rejection sampling without replacement (tandem.math.tree_sampling), or the greedy
+multi-draft rule (tandem.math.tree_greedy), each with its algorithm and why it is exact. The
+walk is the same for both: they differ in how the draft draws children and in the verdict.
 The verifier answers per node its accept probability and per row its pre-drawn token
 (Purpose.TREE_RECOVERED); the orchestrator walks with its own per-node uniforms
 (Purpose.TREE_ACCEPT). The verifier walks with the same uniforms too (`path`), to keep the
@@ -36,16 +38,19 @@ class TreeRule(Rule):
 
     @staticmethod
     def verdicts(trees: list[tree.Tree], target_probs, draft_probs, u_recovered: list[list[float]],
-                 ) -> list[tree.Verdict]:
+                 rule: str = "rrsw") -> list[tree.Verdict]:
         """The worker half for several sampled trees at once: target_probs [N, V], every tree's
         n + 1 rows, tree after tree; draft_probs [E, V] at every expanded node (None: no tree has
-        one); u_recovered, per tree, one uniform per row. Accept probabilities come rounded to
-        float32, as the wire carries them: the orchestrator walks with those values."""
+        one); u_recovered, per tree, one uniform per row; rule: how the children were drawn,
+        "rrsw" (tandem.math.tree_sampling) or "greedy" (tandem.math.tree_greedy). Accept
+        probabilities come rounded to float32, as the wire carries them: the orchestrator walks
+        with those values."""
         import torch  # the worker half only
 
-        from tandem.math import tree_sampling
+        from tandem.math import tree_greedy, tree_sampling
 
-        verdicts = tree_sampling.verdicts(trees, target_probs, draft_probs, u_recovered)
+        module = tree_greedy if rule == "greedy" else tree_sampling
+        verdicts = module.verdicts(trees, target_probs, draft_probs, u_recovered)
         rounded = torch.tensor([p for v in verdicts for p in v.accept_probs], dtype=torch.float32).tolist()
         out, at = [], 0
         for v in verdicts:

@@ -28,7 +28,7 @@ class ResumeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., from_index: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "prompt_token_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "verification", "draft_shape", "ignore_eos")
+    __slots__ = ("prompt", "prompt_token_ids", "max_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "verification", "draft_shape", "ignore_eos", "tree_rule")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class GenerateRequest(_message.Message):
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SHAPE_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    TREE_RULE_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
@@ -51,7 +52,8 @@ class GenerateRequest(_message.Message):
     verification: _sampling_pb2.Verification
     draft_shape: _sampling_pb2.DraftShape
     ignore_eos: bool
-    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., gamma: _Optional[int] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_shape: _Optional[_Union[_sampling_pb2.DraftShape, str]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    tree_rule: _sampling_pb2.TreeRule
+    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., gamma: _Optional[int] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_shape: _Optional[_Union[_sampling_pb2.DraftShape, str]] = ..., ignore_eos: _Optional[bool] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("elapsed_s", "ttft_s", "per_cycle")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tandem/v1/sampling.proto\x12\ttandem.v1\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"5\n\x11\x44raftDistribution\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\r\n\x05probs\x18\x02 \x01(\x0c*\\\n\x0cVerification\x12\x1c\n\x18VERIFICATION_UNSPECIFIED\x10\x00\x12\x16\n\x12VERIFICATION_TOKEN\x10\x01\x12\x16\n\x12VERIFICATION_BLOCK\x10\x02*l\n\nDraftShape\x12\x1b\n\x17\x44RAFT_SHAPE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44RAFT_SHAPE_CHAIN\x10\x01\x12\x14\n\x10\x44RAFT_SHAPE_TREE\x10\x02\x12\x14\n\x10\x44RAFT_SHAPE_AUTO\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tandem/v1/sampling.proto\x12\ttandem.v1\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"5\n\x11\x44raftDistribution\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\r\n\x05probs\x18\x02 \x01(\x0c*\\\n\x0cVerification\x12\x1c\n\x18VERIFICATION_UNSPECIFIED\x10\x00\x12\x16\n\x12VERIFICATION_TOKEN\x10\x01\x12\x16\n\x12VERIFICATION_BLOCK\x10\x02*l\n\nDraftShape\x12\x1b\n\x17\x44RAFT_SHAPE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44RAFT_SHAPE_CHAIN\x10\x01\x12\x14\n\x10\x44RAFT_SHAPE_TREE\x10\x02\x12\x14\n\x10\x44RAFT_SHAPE_AUTO\x10\x03*O\n\x08TreeRule\x12\x19\n\x15TREE_RULE_UNSPECIFIED\x10\x00\x12\x12\n\x0eTREE_RULE_RRSW\x10\x01\x12\x14\n\x10TREE_RULE_GREEDY\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFICATION']._serialized_end=269
   _globals['_DRAFTSHAPE']._serialized_start=271
   _globals['_DRAFTSHAPE']._serialized_end=379
+  _globals['_TREERULE']._serialized_start=381
+  _globals['_TREERULE']._serialized_end=460
   _globals['_SAMPLINGPARAMS']._serialized_start=39
   _globals['_SAMPLINGPARAMS']._serialized_end=120
   _globals['_DRAFTDISTRIBUTION']._serialized_start=122

@@ -17,6 +17,12 @@ class DraftShape(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DRAFT_SHAPE_CHAIN: _ClassVar[DraftShape]
     DRAFT_SHAPE_TREE: _ClassVar[DraftShape]
     DRAFT_SHAPE_AUTO: _ClassVar[DraftShape]
+
+class TreeRule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TREE_RULE_UNSPECIFIED: _ClassVar[TreeRule]
+    TREE_RULE_RRSW: _ClassVar[TreeRule]
+    TREE_RULE_GREEDY: _ClassVar[TreeRule]
 VERIFICATION_UNSPECIFIED: Verification
 VERIFICATION_TOKEN: Verification
 VERIFICATION_BLOCK: Verification
@@ -24,6 +30,9 @@ DRAFT_SHAPE_UNSPECIFIED: DraftShape
 DRAFT_SHAPE_CHAIN: DraftShape
 DRAFT_SHAPE_TREE: DraftShape
 DRAFT_SHAPE_AUTO: DraftShape
+TREE_RULE_UNSPECIFIED: TreeRule
+TREE_RULE_RRSW: TreeRule
+TREE_RULE_GREEDY: TreeRule
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_k", "top_p", "seed")

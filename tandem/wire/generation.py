@@ -35,6 +35,24 @@ _SHAPE_PB = {"": sampling_pb2.DRAFT_SHAPE_UNSPECIFIED, "chain": sampling_pb2.DRA
 _SHAPE_OF_PB = {v: k for k, v in _SHAPE_PB.items()}
 DRAFT_SHAPES = ("chain", "tree", "auto")
 
+# How sampled token trees are drawn and verified (tandem.v1.TreeRule); "" means the server's default.
+_TREE_RULE_PB = {"": sampling_pb2.TREE_RULE_UNSPECIFIED, "rrsw": sampling_pb2.TREE_RULE_RRSW,
+                 "greedy": sampling_pb2.TREE_RULE_GREEDY}
+_TREE_RULE_OF_PB = {v: k for k, v in _TREE_RULE_PB.items()}
+TREE_RULES = ("rrsw", "greedy")
+
+
+def tree_rule_to_pb(rule: str) -> int:
+    return _TREE_RULE_PB[rule]
+
+
+def tree_rule_from_pb(value: int, name: str = "tree_rule") -> str:
+    """→ "rrsw", "greedy", or "" when unspecified; INVALID_ARGUMENT naming `name` on a value this
+    version lacks."""
+    if value not in _TREE_RULE_OF_PB:
+        raise invalid(name, f"unknown tree rule {value}: use TREE_RULE_RRSW or TREE_RULE_GREEDY")
+    return _TREE_RULE_OF_PB[value]
+
 
 @dataclass
 class GenerationRequest:
@@ -51,6 +69,7 @@ class GenerationRequest:
     verification: str = ""  # "token", "block", or "" for the server's default
     draft_shape: str = ""  # "chain", "tree", "auto", or "" for the server's default
     ignore_eos: bool = False  # generate past the target's EOS, up to max_tokens
+    tree_rule: str = ""  # "rrsw", "greedy", or "" for the server's default
 
 
 def _opt(msg, name):
@@ -61,6 +80,7 @@ def generation_request_to_pb(req: GenerationRequest) -> generation_pb2.GenerateR
     kwargs = {k: v for k, v in vars(req).items() if v is not None}
     kwargs["verification"] = verification_mode_to_pb(req.verification)
     kwargs["draft_shape"] = _SHAPE_PB[req.draft_shape]
+    kwargs["tree_rule"] = tree_rule_to_pb(req.tree_rule)
     return generation_pb2.GenerateRequest(**kwargs)
 
 
@@ -91,6 +111,7 @@ def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> Generatio
         temperature=_opt(msg, "temperature"), top_k=_opt(msg, "top_k"), top_p=_opt(msg, "top_p"),
         seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"), verification=verification,
         draft_shape=_SHAPE_OF_PB[msg.draft_shape], ignore_eos=msg.ignore_eos,
+        tree_rule=tree_rule_from_pb(msg.tree_rule),
     )
 
 

@@ -12,7 +12,7 @@ import grpc
 
 from tandem.math.params import SamplingParams
 from tandem.v1 import sampling_pb2, worker_pb2
-from tandem.wire.generation import verification_mode_to_pb
+from tandem.wire.generation import tree_rule_to_pb, verification_mode_to_pb
 
 # --- sampling parameters and draft distributions --------------------------------------------
 
@@ -95,11 +95,12 @@ def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
 
 
 def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None,
-                    tree_widths=(), writer_epoch: int = 0, ahead: bool = False) -> worker_pb2.ProposeRequest:
+                    tree_widths=(), writer_epoch: int = 0, ahead: bool = False,
+                    tree_rule: str = "") -> worker_pb2.ProposeRequest:
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
         sampling=sampling_to_pb(params), trace_context=trace_context, tree_widths=tree_widths,
-        writer_epoch=writer_epoch, ahead=ahead,
+        writer_epoch=writer_epoch, ahead=ahead, tree_rule=tree_rule_to_pb(tree_rule),
     )
 
 
@@ -127,7 +128,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
 
 def verify_request(
     session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None, verification: str = "token",
-    writer_epoch: int = 0, next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (),
+    writer_epoch: int = 0, next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (), tree_rule: str = "",
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
@@ -137,6 +138,7 @@ def verify_request(
         verification=verification_mode_to_pb(verification),
         draft_parents=proposal.parents if proposal else [],
         writer_epoch=writer_epoch, next_gamma=next_gamma, next_tree_widths=next_tree_widths,
+        tree_rule=tree_rule_to_pb(tree_rule),
     )
 
 

@@ -485,7 +485,7 @@ prometheus.io/path: /metrics
 {{- $flags = concat $flags (list "--replicas" (toString (int $o.replicas)) "--max-sessions" (toString (int $o.maxSessions)) "--stream-interval" (toString (int $o.streamInterval)) "--max-gamma" (toString (int $o.maxGamma)) "--verification" $o.verification) }}
 {{- $widths := list }}
 {{- range $o.treeWidths }}{{ $widths = append $widths (toString (int .)) }}{{ end }}
-{{- $flags = concat $flags (list "--draft-shape" $o.draftShape "--tree-widths" (join "," $widths)) }}
+{{- $flags = concat $flags (list "--draft-shape" $o.draftShape "--tree-widths" (join "," $widths) "--tree-rule" $o.treeRule) }}
 {{- $flags = concat $flags (list "--host" "0.0.0.0" "--metrics-port" (ternary (toString (int $o.metricsPort)) "0" .Values.metrics.enabled)) }}
 {{- if $o.tokenizer.enabled }}
 {{- $flags = concat $flags (list "--tokenizer" (include "tandem.tokenizerPath" .)) }}
