@@ -129,3 +129,14 @@ def test_drawn_outputs_pass_chi2_against_the_target_and_without_the_residual_do_
         counts = torch.bincount(torch.tensor(_draws(p, q, 2, 6000, residual)), minlength=V).double()
         pvalue = chisquare(counts.numpy(), (p * counts.sum()).numpy()).pvalue
         assert (pvalue > 1e-3) == passes, (residual, pvalue)
+
+
+def test_many_nodes_at_once_are_each_node_alone():
+    """`rule` over nodes of different widths in one call answers what each node gets alone."""
+    pairs = [_pair(seed) for seed in range(5)]
+    kids = [tree_greedy.children(q, w, 0.3) for (_, q), w in zip(pairs, [1, 2, 3, 5, 2])]
+    ratios, rest = tree_greedy.rule(torch.stack([p for p, _ in pairs]), torch.stack([q for _, q in pairs]), kids)
+    for (p, q), k, r, row in zip(pairs, kids, ratios, rest):
+        alone_ratios, alone_rest = tree_greedy.rule(p[None], q[None], [k])
+        assert r == pytest.approx(alone_ratios[0], abs=1e-12) and len(r) == len(k)
+        torch.testing.assert_close(row, alone_rest[0], atol=1e-12, rtol=0)

@@ -16,7 +16,8 @@ Optimal for this way of drafting: the output lands on a child with probability p
 min(p(x), q′(x)), and no rule can do better, since Y ~ p falls in D with probability p(D) at
 most and equals X ∉ D with probability Σ_{x∉D} min(p(x), q′(x)) at most (the coupling bound).
 Recursive rejection sampling without replacement (tandem.math.tree_sampling) draws every child
-from q and accepts less often (the tests compare both on the same nodes).
+from q, a different scheme: where the draft approximates the target it accepts less often (the
+tests compare both on the same nodes), not on every pair (benchmarks/README.md, "Token trees").
 
 In a tree (tandem.math.tree) the walk tests a node's children in their order, so the sampled
 child comes first: children = [X, d_1, …, d_{w−1}]. X's accept probability is min(1,
@@ -28,7 +29,7 @@ is then one-hot on it, which is what drawing X from q′ gives, so the rule stay
 
 import torch
 
-from tandem.math import sampling
+from tandem.math import sampling, tree_sampling
 from tandem.math.tree import Tree, Verdict
 
 
@@ -44,11 +45,10 @@ def draw_children(q: torch.Tensor, u: list[list[float]], widths: list[int]) -> l
     u[r] is empty: no token to draw) after its top widths[r] − 1 tokens."""
     q = q.double()  # [R, V]
     k = min(max(widths) - 1, q.shape[-1])
-    top = q.topk(k, -1).indices.tolist() if k > 0 else [[] for _ in widths]  # [R][k], most likely first
-    tops = [[t for t in row[:w - 1] if q[r, t] > 0] for r, (row, w) in enumerate(zip(top, widths))]
-    rest = q.clone()
-    for r, d in enumerate(tops):
-        rest[r, d] = 0
+    values, indices = q.topk(k, -1) if k > 0 else (q[:, :0], q[:, :0].long())  # [R, k], most likely first
+    keep = (values > 0) & (torch.arange(k, device=q.device)[None] < torch.tensor(widths, device=q.device)[:, None] - 1)
+    rest = q.scatter(-1, indices, torch.where(keep, 0.0, values))  # [R, V]: q without each row's D
+    tops = [[t for t, kept in zip(row, mask) if kept] for row, mask in zip(indices.tolist(), keep.tolist())]
     out = [list(d) for d in tops]
     drawing = [r for r in range(len(widths)) if u[r] and rest[r].sum() > 0]  # else D's first token is X
     if drawing:
@@ -61,27 +61,9 @@ def draw_children(q: torch.Tensor, u: list[list[float]], widths: list[int]) -> l
 
 def verdicts(trees: list[Tree], target: torch.Tensor, draft: torch.Tensor | None, u_residual: list[list[float]],
              ) -> list[Verdict]:
-    """The greedy rule's verdict for every node of several trees (tandem.math.tree_sampling.verdicts'
-    layout): target [N, V], every tree's n + 1 rows (the root, then each node), tree after tree;
-    draft [E, V], every tree's expanded nodes in the same order; u_residual, per tree, one
-    uniform per row. A row with children draws from its residual, a leaf's from the target."""
-    out, row, e = [], 0, 0
-    for tree, us in zip(trees, u_residual):
-        accept, recovered = [0.0] * len(tree), []
-        for node in range(-1, len(tree)):
-            kids = tree.children[node]
-            if kids:
-                ratios, token = node_verdict(target[row], draft[e], [tree.tokens[k] for k in kids], us[node + 1])
-                for k, ratio in zip(kids, ratios):
-                    accept[k] = ratio
-                e += 1
-            else:
-                token = int(sampling.sample(target[row:row + 1].double(), torch.tensor([us[node + 1]],
-                                                                                       dtype=torch.float64))[0])
-            recovered.append(token)
-            row += 1
-        out.append(Verdict(accept, recovered))
-    return out
+    """The greedy rule's verdict for every node of several trees at once, in
+    tandem.math.tree_sampling.verdicts' layout (target [N, V], draft [E, V], a uniform per row)."""
+    return tree_sampling.verdicts_by(rule, trees, target, draft, u_residual)
 
 
 def node_verdict(p: torch.Tensor, q: torch.Tensor, kids: list[int], u_residual: float,
@@ -89,28 +71,44 @@ def node_verdict(p: torch.Tensor, q: torch.Tensor, kids: list[int], u_residual: 
     """The greedy rule at one node. p, q [V]: the target's and the draft's distributions there;
     kids: `children`'s answer ([X, *D]) → (each child's accept probability given its earlier
     siblings' rejection, the token drawn with the uniform u_residual from what is left).
-    residual=False: see `node_rule`."""
+    residual=False: see `rule`."""
     ratios, rest = node_rule(p, q, kids, residual)
     return ratios, int(sampling.sample(rest[None], torch.tensor([u_residual], dtype=torch.float64))[0])
 
 
 def node_rule(p: torch.Tensor, q: torch.Tensor, kids: list[int], residual: bool = True,
               ) -> tuple[list[float], torch.Tensor]:
-    """node_verdict's numbers → (the children's accept probabilities, the distribution [V]
-    float64 the recovered token is drawn from, normalised). residual=False draws it from p over
-    the tokens outside D instead of max(p − q′, 0): wrong, the tests' negative control."""
+    """`rule` at one node: p, q [V] → (its children's accept probabilities, [V] what its recovered
+    token is drawn from)."""
+    ratios, rest = rule(p[None], q[None], [kids], residual)
+    return ratios[0], rest[0]
+
+
+def rule(p: torch.Tensor, q: torch.Tensor, kids: list[list[int]], residual: bool = True,
+         ) -> tuple[list[list[float]], torch.Tensor]:
+    """The greedy rule at E nodes at once: p, q [E, V] the target's and the draft's distributions
+    there, kids[e] the node's children ([X, *D]) → (each child's accept probability given its
+    earlier siblings' rejection, [E, V] float64 the distribution each recovered token is drawn
+    from, normalised). residual=False draws it from p over the tokens outside D instead of
+    max(p − q′, 0): wrong, the tests' negative control."""
     p, q = p.double(), q.double()
-    x, d = kids[0], kids[1:]
-    outside = torch.ones_like(p, dtype=torch.bool)  # [V]: the tokens outside D
-    outside[d] = False
+    e_index = torch.arange(len(kids), device=p.device)
+    width = max(map(len, kids))
+    padded = torch.tensor([k + [k[0]] * (width - len(k)) for k in kids], device=p.device)  # [E, w]: X pads
+    in_d = torch.tensor([[0 < j < len(k) for j in range(width)] for k in kids], device=p.device)  # [E, w]
+    outside = torch.ones_like(p, dtype=torch.bool)  # [E, V]: the tokens outside D
+    outside[e_index[:, None].expand_as(padded)[in_d], padded[in_d]] = False
     q_prime = torch.where(outside, q, 0.0)
-    q_prime = q_prime / q_prime.sum()  # [V]; X was drawn from it, so it has mass
-    ratios = [min(1.0, float(p[x] / q_prime[x]))]
-    left = 1.0 - float(torch.where(outside, torch.minimum(p, q_prime), 0.0).sum())  # R, then what d_j's tests leave
-    for token in d:
-        ratios.append(min(1.0, float(p[token]) / left) if left > 0 else 0.0)
-        left -= float(p[token])
-    rest = torch.where(outside, (p - q_prime).clamp(min=0) if residual else p, 0.0)  # [V]
-    if rest.sum() <= 0:
-        rest = p  # never drawn: the residual has no mass, so some child is accepted
-    return ratios, rest / rest.sum()
+    q_prime = q_prime / q_prime.sum(-1, keepdim=True).clamp(min=1e-300)  # X was drawn from it: it has mass
+    x = padded[:, 0]
+    p_x, q_x = p[e_index, x], q_prime[e_index, x]  # [E]
+    ratio_x = torch.where(q_x > 0, (p_x / q_x).clamp(max=1.0), 0.0)
+    r = 1.0 - torch.where(outside, torch.minimum(p, q_prime), 0.0).sum(-1)  # [E]: R
+    p_d = torch.where(in_d, p.gather(-1, padded), 0.0)[:, 1:]  # [E, w − 1]
+    left = r[:, None] - (p_d.cumsum(-1) - p_d)  # [E, w − 1]: R less the top tokens before each
+    ratio_d = torch.where(left > 0, (p_d / left.clamp(min=1e-300)).clamp(max=1.0), 0.0)
+    ratios = torch.cat([ratio_x[:, None], ratio_d], -1).tolist()
+    rest = torch.where(outside, (p - q_prime).clamp(min=0) if residual else p, 0.0)  # [E, V]
+    empty = rest.sum(-1, keepdim=True) <= 0  # never drawn: the residual has no mass, some child is accepted
+    rest = torch.where(empty, p, rest)
+    return [row[:len(k)] for row, k in zip(ratios, kids)], rest / rest.sum(-1, keepdim=True)

@@ -70,16 +70,25 @@ def verdicts(trees: list[Tree], target: torch.Tensor, draft: torch.Tensor | None
     the same round (a round per child rank, not per node), then every row draws its token in one
     call. target [N, V]: every tree's n+1 rows, tree after tree; draft [E, V]: every tree's
     expanded nodes, in the same order (None: no tree has nodes)."""
+    return verdicts_by(lambda p, q, kids: (_rounds(p, q.clone(), kids, residual), p), trees, target, draft,
+                       u_residual)
+
+
+def verdicts_by(rule, trees: list[Tree], target: torch.Tensor, draft: torch.Tensor | None,
+                u_residual: list[list[float]]) -> list[Verdict]:
+    """Verdicts by a node rule for several trees at once, in `verdicts`' layout: rule(p, q, kids)
+    with p, q [E, V] float64 the target's and the draft's at every expanded node and kids[e] its
+    children's tokens → (each child's accept probability, [E, V] what each node's recovered
+    token is drawn from); a leaf's row draws from the target. Every row draws in one call."""
     rows = [(t, node) for t, tree in enumerate(trees) for node in range(-1, len(tree))]
     expanded_rows = [i for i, (t, node) in enumerate(rows) if trees[t].children[node]]
-    p_all = target.to(torch.float64, copy=True)  # [N, V]: each row's target, then what is left of it
+    p_all = target.to(torch.float64, copy=True)  # [N, V]: each row's target, then what it draws from
+    ratios: list[list[float]] = []
     if expanded_rows:
-        q = draft.to(p_all.device, torch.float64, copy=True)  # [E, V], in rows' order
         index = torch.tensor(expanded_rows, device=p_all.device)
-        p = p_all[index]  # [E, V]
         kids = [[trees[rows[i][0]].tokens[c] for c in trees[rows[i][0]].children[rows[i][1]]] for i in expanded_rows]
-        ratios = _rounds(p, q, kids, residual)
-        p_all[index] = p
+        ratios, rest = rule(p_all[index], draft.to(p_all.device, torch.float64), kids)  # [E, V]
+        p_all[index] = rest
     u = torch.tensor([x for us in u_residual for x in us], dtype=torch.float64, device=p_all.device)  # [N]
     recovered = sampling.sample(p_all, u).tolist()
     out, at, e = [], 0, 0
