@@ -12,7 +12,7 @@ from tandem.services.sampler import Branch, Draw
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
-from tandem.wire.generation import tree_rule_from_pb
+from tandem.wire.generation import TREE_RULE
 from tandem.wire.validation import check_context, invalid
 
 
@@ -89,7 +89,7 @@ def propose_tree(
 
 def tree_rule(request) -> str:
     """A Propose or Verify request's tree rule, "rrsw" when unspecified, or INVALID_ARGUMENT naming it."""
-    return tree_rule_from_pb(request.tree_rule) or "rrsw"
+    return TREE_RULE.from_pb(request.tree_rule) or "rrsw"
 
 
 def is_tree(widths: list[int]) -> bool:

@@ -170,7 +170,7 @@ class HeadRuntime(ModelRuntime):
         if not drafting:
             return super().extend_batch(steps)
         results: list = [None] * len(steps)
-        target = [i for i in range(len(steps)) if i not in set(drafting)]
+        target = [i for i, step in enumerate(steps) if not isinstance(step, HeadStep)]
         for i, out in zip(target, super().extend_batch([steps[i] for i in target]) if target else []):
             results[i] = out
         for i, out in zip(drafting, self._draft([steps[i] for i in drafting])):
@@ -196,7 +196,11 @@ class HeadRuntime(ModelRuntime):
             h.last, h.last_node = last, self._first_node(step)
             if not h.drafting:  # a catch-up: the rows up to the committed tokens are the head's now
                 end = step.cache_len + len(step.tokens)  # the committed tokens
-                h.rows, h.read = end - 1, h.tokens[:step.cache_len] + list(step.tokens)
+                h.rows = end - 1
+                # What the rows read is the committed sequence: h.read agrees with h.tokens wherever
+                # both reach (_fed drops what a later step changed), so only its end is written.
+                del h.read[step.cache_len:]
+                h.read += h.tokens[len(h.read):step.cache_len] + list(step.tokens)
                 h.features.drop_before(end - 1)  # the next verify's first feature
                 h.drafting = True
             results[i] = logits
@@ -218,10 +222,10 @@ class HeadRuntime(ModelRuntime):
         if start < h.features.first or end - 1 > h.features.end:
             self.release(step.session_id)  # a rewind past the features kept: re-prefill (the docstring)
             return None
-        sequence = h.tokens[:step.cache_len] + list(step.tokens)
         self.head.crop(h.cache, start)
         hidden = self.head.project(h.features.read(start, end - 1))  # [rows, H]
-        return HeadFeed(h.cache, start, sequence[start + 1:end], 1, hidden=hidden)
+        read = (h.tokens[start + 1:step.cache_len] + list(step.tokens))[start + 1 - end:]  # positions start + 1 ..
+        return HeadFeed(h.cache, start, read, 1, hidden=hidden)
 
     @staticmethod
     def _first_node(step: HeadStep) -> int:

@@ -13,7 +13,7 @@ from tandem.services.sampler import Check, CheckTree
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
-from tandem.wire.generation import verification_mode_from_pb
+from tandem.wire.generation import VERIFICATION
 from tandem.wire.validation import check_context, check_token_ids, invalid
 
 
@@ -76,10 +76,7 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
         end = request.cache_len + len(request.tokens) + len(request.draft_tokens)
         check_context("draft_tokens", end, info.max_context)
         params = self.check_sampling(request.sampling)
-        try:
-            rule = rules.CHAIN_RULES[verification_mode_from_pb(request.verification) or "token"]
-        except ValueError as e:
-            raise invalid("verification", str(e)) from None
+        rule = rules.CHAIN_RULES[VERIFICATION.from_pb(request.verification) or "token"]
         draft = _tree(request)
         # One draft distribution per drafted token, or per node with children in a tree.
         rows = len(tree.expanded(draft.parents)) if draft else len(request.draft_tokens)

@@ -54,6 +54,12 @@ def require_extra(extra: str, command: str) -> None:
                          f"({named} not installed)")
 
 
+def verifier_drafting(drafter: str, args: argparse.Namespace) -> dict:
+    """LocalCluster's head and exit_layer for a drafter, from --head and --exit-layer: the head
+    drafter's head directory, the self drafter's exit layer, neither for the others."""
+    return {"head": head_for(drafter, args.head), "exit_layer": args.exit_layer if drafter == "self" else 0}
+
+
 def head_for(drafter: str, head: str | None) -> str | None:
     """The EAGLE-3 head directory of the head drafter (the one given, else models/head), None for
     any other drafter; SystemExit when the head drafter has none."""
@@ -250,8 +256,7 @@ def cmd_up(args) -> None:
                            tls_dir=args.tls_dir or (os.path.join(".tandem", "tls") if args.tls else None),
                            options=options, metrics_fallback=args.metrics_port == UP_METRICS_PORT,
                            worker_args=["--max-batch-tokens", str(args.max_batch_tokens)], drafter=args.drafter,
-                           http_port=args.http_port, head=head_for(args.drafter, args.head),
-                           exit_layer=args.exit_layer if args.drafter == "self" else 0)
+                           http_port=args.http_port, **verifier_drafting(args.drafter, args))
     # A stop asked for while the cluster starts (SIGTERM, as Ctrl-C) stops what has started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -509,8 +514,7 @@ def _bench_local(args, config, out: Path) -> dict:
                             draft_ahead=not args.no_draft_ahead,
                             options={"max_sessions": max([64, *config.concurrency]),
                                      "tree_widths": _tree_widths(args)}, worker_args=worker_args,
-                            drafter=config.drafter, head=head_for(config.drafter, args.head),
-                            exit_layer=args.exit_layer if config.drafter == "self" else 0)
+                            drafter=config.drafter, **verifier_drafting(config.drafter, args))
 
     with local() as cluster:
         pids = {f"{kind} worker": proc.pid for kind, proc in cluster.workers.items()}
@@ -719,8 +723,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--head", default=None, help="the head drafter's EAGLE-3 head directory (default: models/head)")
     bench.add_argument("--exit-layer", type=_positive, default=1, help="the self drafter's exit layer (default 1)")
     bench.add_argument("--drafter", default="hybrid",
-                       help="the local cluster's draft workers: hybrid, model, ngram, head, self, or several ('model,head'): "
-                            "one pass each, results in --out/<drafter>/ and a table over them in drafters.md; with "
+                       help="the local cluster's draft workers: hybrid, model, ngram, head, self, or several "
+                            "('model,head'): one pass each, results in --out/<drafter>/ and a table over them in drafters.md; with "
                             "--address, the label of that cluster's")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")

@@ -11,47 +11,33 @@ from tandem.math.acceptance import verified_tokens
 from tandem.v1 import generation_pb2, generation_pb2_grpc, sampling_pb2
 from tandem.wire.validation import invalid
 
-# How a drafted block is accepted (tandem.v1.Verification); "" means the server's default.
-_VERIFICATION_PB = {"": sampling_pb2.VERIFICATION_UNSPECIFIED, "token": sampling_pb2.VERIFICATION_TOKEN,
-                    "block": sampling_pb2.VERIFICATION_BLOCK}
-_VERIFICATION_OF_PB = {v: k for k, v in _VERIFICATION_PB.items()}
-VERIFICATION_MODES = ("token", "block")
+class _Choice:
+    """A tandem.v1 enum as the lower-case names the rest of tandem uses, "" for unspecified (the
+    server's default): VERIFICATION_BLOCK ↔ "block"."""
+
+    def __init__(self, enum, prefix: str, field: str) -> None:
+        self.field = field
+        self._pb = {name.removeprefix(prefix).lower() if value else "": value for name, value in enum.items()}
+        self._of_pb = {value: name for name, value in self._pb.items()}
+        self.names = tuple(name for name in self._pb if name)
+        given = [name for name, value in enum.items() if value]
+        self._hint = ", ".join(given[:-1]) + " or " + given[-1]
+
+    def to_pb(self, name: str) -> int:
+        return self._pb[name]
+
+    def from_pb(self, value: int) -> str:
+        """→ the name, "" when unspecified; INVALID_ARGUMENT naming the field on a value this
+        version lacks."""
+        if value not in self._of_pb:
+            raise invalid(self.field, f"unknown {self.field.replace('_', ' ')} {value}: use {self._hint}")
+        return self._of_pb[value]
 
 
-def verification_mode_to_pb(mode: str) -> int:
-    return _VERIFICATION_PB[mode]
-
-
-def verification_mode_from_pb(value: int) -> str:
-    """→ "token", "block", or "" when unspecified. Raises ValueError on a value this version lacks."""
-    if value not in _VERIFICATION_OF_PB:
-        raise ValueError(f"unknown verification {value}")
-    return _VERIFICATION_OF_PB[value]
-
-
-# What a cycle drafts (tandem.v1.DraftShape); "" means the server's default.
-_SHAPE_PB = {"": sampling_pb2.DRAFT_SHAPE_UNSPECIFIED, "chain": sampling_pb2.DRAFT_SHAPE_CHAIN,
-             "tree": sampling_pb2.DRAFT_SHAPE_TREE, "auto": sampling_pb2.DRAFT_SHAPE_AUTO}
-_SHAPE_OF_PB = {v: k for k, v in _SHAPE_PB.items()}
-DRAFT_SHAPES = ("chain", "tree", "auto")
-
-# How sampled token trees are drawn and verified (tandem.v1.TreeRule); "" means the server's default.
-_TREE_RULE_PB = {"": sampling_pb2.TREE_RULE_UNSPECIFIED, "rrsw": sampling_pb2.TREE_RULE_RRSW,
-                 "greedy": sampling_pb2.TREE_RULE_GREEDY}
-_TREE_RULE_OF_PB = {v: k for k, v in _TREE_RULE_PB.items()}
-TREE_RULES = ("rrsw", "greedy")
-
-
-def tree_rule_to_pb(rule: str) -> int:
-    return _TREE_RULE_PB[rule]
-
-
-def tree_rule_from_pb(value: int, name: str = "tree_rule") -> str:
-    """→ "rrsw", "greedy", or "" when unspecified; INVALID_ARGUMENT naming `name` on a value this
-    version lacks."""
-    if value not in _TREE_RULE_OF_PB:
-        raise invalid(name, f"unknown tree rule {value}: use TREE_RULE_RRSW or TREE_RULE_GREEDY")
-    return _TREE_RULE_OF_PB[value]
+VERIFICATION = _Choice(sampling_pb2.Verification, "VERIFICATION_", "verification")  # how a drafted block is accepted
+DRAFT_SHAPE = _Choice(sampling_pb2.DraftShape, "DRAFT_SHAPE_", "draft_shape")  # what a cycle drafts
+TREE_RULE = _Choice(sampling_pb2.TreeRule, "TREE_RULE_", "tree_rule")  # how sampled token trees are drawn and verified
+VERIFICATION_MODES, DRAFT_SHAPES, TREE_RULES = VERIFICATION.names, DRAFT_SHAPE.names, TREE_RULE.names
 
 
 @dataclass
@@ -78,9 +64,9 @@ def _opt(msg, name):
 
 def generation_request_to_pb(req: GenerationRequest) -> generation_pb2.GenerateRequest:
     kwargs = {k: v for k, v in vars(req).items() if v is not None}
-    kwargs["verification"] = verification_mode_to_pb(req.verification)
-    kwargs["draft_shape"] = _SHAPE_PB[req.draft_shape]
-    kwargs["tree_rule"] = tree_rule_to_pb(req.tree_rule)
+    kwargs["verification"] = VERIFICATION.to_pb(req.verification)
+    kwargs["draft_shape"] = DRAFT_SHAPE.to_pb(req.draft_shape)
+    kwargs["tree_rule"] = TREE_RULE.to_pb(req.tree_rule)
     return generation_pb2.GenerateRequest(**kwargs)
 
 
@@ -99,19 +85,12 @@ def cancel_response(cancelled: bool) -> generation_pb2.CancelResponse:
 def generation_request_from_pb(msg: generation_pb2.GenerateRequest) -> GenerationRequest:
     """The request's fields; a FieldError (INVALID_ARGUMENT) for a message that did not parse."""
     check_decoded(msg)
-    try:
-        verification = verification_mode_from_pb(msg.verification)
-    except ValueError as e:
-        raise invalid("verification", f"{e}: use VERIFICATION_TOKEN or VERIFICATION_BLOCK") from None
-    if msg.draft_shape not in _SHAPE_OF_PB:
-        raise invalid("draft_shape", f"unknown draft shape {msg.draft_shape}: use DRAFT_SHAPE_CHAIN, "
-                      "DRAFT_SHAPE_TREE or DRAFT_SHAPE_AUTO")
     return GenerationRequest(
         prompt=msg.prompt, prompt_token_ids=list(msg.prompt_token_ids), max_tokens=msg.max_tokens,
         temperature=_opt(msg, "temperature"), top_k=_opt(msg, "top_k"), top_p=_opt(msg, "top_p"),
-        seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"), verification=verification,
-        draft_shape=_SHAPE_OF_PB[msg.draft_shape], ignore_eos=msg.ignore_eos,
-        tree_rule=tree_rule_from_pb(msg.tree_rule),
+        seed=_opt(msg, "seed"), gamma=_opt(msg, "gamma"), verification=VERIFICATION.from_pb(msg.verification),
+        draft_shape=DRAFT_SHAPE.from_pb(msg.draft_shape), ignore_eos=msg.ignore_eos,
+        tree_rule=TREE_RULE.from_pb(msg.tree_rule),
     )
 
 

@@ -12,7 +12,7 @@ import grpc
 
 from tandem.math.params import SamplingParams
 from tandem.v1 import sampling_pb2, worker_pb2
-from tandem.wire.generation import tree_rule_to_pb, verification_mode_to_pb
+from tandem.wire.generation import TREE_RULE, VERIFICATION
 
 # --- sampling parameters and draft distributions --------------------------------------------
 
@@ -100,7 +100,7 @@ def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
         sampling=sampling_to_pb(params), trace_context=trace_context, tree_widths=tree_widths,
-        writer_epoch=writer_epoch, ahead=ahead, tree_rule=tree_rule_to_pb(tree_rule),
+        writer_epoch=writer_epoch, ahead=ahead, tree_rule=TREE_RULE.to_pb(tree_rule),
     )
 
 
@@ -135,10 +135,10 @@ def verify_request(
         draft_tokens=proposal.draft_tokens if proposal else [],
         draft_distributions=proposal.draft_distributions if proposal else [],
         sampling=sampling_to_pb(params), trace_context=trace_context,
-        verification=verification_mode_to_pb(verification),
+        verification=VERIFICATION.to_pb(verification),
         draft_parents=proposal.parents if proposal else [],
         writer_epoch=writer_epoch, next_gamma=next_gamma, next_tree_widths=next_tree_widths,
-        tree_rule=tree_rule_to_pb(tree_rule),
+        tree_rule=TREE_RULE.to_pb(tree_rule),
     )
 
 
