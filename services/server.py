@@ -385,12 +385,27 @@ def _cannot_listen(host: str, port: int, what: str, error: Exception) -> str:
     return f"tandem worker: cannot listen on {host}:{port} ({what}): {error}"
 
 
+def _in_target_ids(runtime: ModelRuntime, model_dir: str, target_tokenizer: str, kind: str):
+    """The draft runtime speaking the target's ids: itself when it already does."""
+    from tandem.services import vocabulary
+
+    try:
+        mapped = vocabulary.between(model_dir, target_tokenizer)
+    except (vocabulary.PairMismatch, OSError) as e:
+        raise SystemExit(f"tandem worker {kind}: --target-tokenizer {target_tokenizer}: {e}") from None
+    if mapped is None:
+        return runtime
+    log.info("the draft's tokenizer differs from the target's: %s; it drafts those under the target's ids",
+             mapped.overlap.describe())
+    return vocabulary.TranslatedRuntime(runtime, mapped)
+
+
 def run_worker(
     kind: str, model_dir: str, host: str = "127.0.0.1", port: int = 0, device: str = "cpu",
     dtype: str = "float32", max_cache_bytes: int = 2 << 30, threads: int | None = None,
     metrics_port: int = 0, parent_pid: int = 0, tls: TLSFiles | None = None,
     max_batch_tokens: int = DEFAULT_BATCH_TOKENS, health_port: int = 0, lookup=None, head: str | None = None,
-    exit_layer: int = 0,
+    exit_layer: int = 0, target_tokenizer: str | None = None,
 ) -> None:
     """Serve a draft ("draft"), n-gram draft ("ngram": no model, `lookup` a
     tandem.services.ngram.Lookup), hybrid draft ("hybrid": `lookup`, and the model where it
@@ -401,6 +416,8 @@ def run_worker(
     health_port: also serve grpc.health.v1 alone there, in plain text (0: no such port).
     head: a target verifier that drafts with this EAGLE-3 head directory (tandem.services.head);
     exit_layer: one that drafts with its own first exit_layer layers (tandem.services.self_draft).
+    target_tokenizer: a draft model's target (its model or tokenizer directory): a draft whose
+    tokenizer differs drafts the shared tokens under the target's ids (tandem.services.vocabulary).
     Exits with one line (SystemExit) when it cannot listen on a port."""
     _check_ports(host, port, metrics_port, health_port)  # before the model loads: a taken port fails at once
     memory.one_arena()  # before gRPC and torch start their threads
@@ -437,6 +454,8 @@ def run_worker(
             raise SystemExit(f"tandem worker target: --head {head}: {e}") from None
     else:
         runtime = ModelRuntime(model_dir, device=device, dtype=dtype, max_cache_bytes=max_cache_bytes)
+        if target_tokenizer and kind != "target":
+            runtime = _in_target_ids(runtime, model_dir, target_tokenizer, kind)
         if kind == "hybrid":
             runtime = hybrid.HybridRuntime(lookup, runtime, max_tokens=max_cache_bytes // 8)
     if metrics_port:

@@ -107,10 +107,13 @@ def cmd_worker(args) -> None:
                          "inside the verifier)")
     if args.head and args.exit_layer:
         raise SystemExit("tandem worker target: --head or --exit-layer, not both (one drafter per verifier)")
+    if args.target_tokenizer and args.kind not in ("draft", "hybrid"):
+        raise SystemExit(f"tandem worker {args.kind}: --target-tokenizer is a draft model's (draft, hybrid)")
     run_worker(args.kind, args.model, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
                max_cache_bytes=args.max_cache_mb << 20, threads=args.threads, metrics_port=args.metrics_port,
                parent_pid=args.parent_pid, tls=tls, max_batch_tokens=args.max_batch_tokens,
-               health_port=args.health_port, lookup=lookup, head=args.head, exit_layer=args.exit_layer)
+               health_port=args.health_port, lookup=lookup, head=args.head, exit_layer=args.exit_layer,
+               target_tokenizer=args.target_tokenizer)
 
 
 # --- TLS: tandem certs, and the flags of worker and orchestrator --------------------------------
@@ -246,6 +249,7 @@ def cmd_up(args) -> None:
     from tandem.local import LocalCluster
 
     draft_model, target_model = default_pair(args.draft_model, args.target_model)
+    _check_vocabularies(draft_model, target_model, args.drafter)
     options = _ingress_options(args, "up") | _drafting_options(args)
     _check_ingress_ports(args, "up")
     cluster = LocalCluster(draft_model, target_model, args.grpc_port, host=args.host, threads=args.threads,
@@ -277,6 +281,19 @@ def cmd_up(args) -> None:
         _wait_for_signal()
         print("stopping tandem ...", flush=True)
     print("tandem stopped", flush=True)
+
+
+def _check_vocabularies(draft_model: str, target_model: str, drafter: str) -> None:
+    """Before anything starts: a draft model whose tokenizer shares too little with the
+    target's is refused with the numbers (the workers would refuse it one by one)."""
+    if drafter not in ("model", "hybrid") or not (Path(target_model) / "tokenizer_config.json").exists():
+        return
+    from tandem.services import vocabulary
+
+    try:
+        vocabulary.between(draft_model, target_model)
+    except (vocabulary.PairMismatch, OSError) as e:
+        raise SystemExit(f"tandem up: {e}") from None
 
 
 def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
@@ -624,6 +641,10 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--exit-layer", type=_positive, default=0,
                         help="target only: draft inside the verifier with the target's own first K layers and its "
                              "LM head (self-drafting)")
+    worker.add_argument("--target-tokenizer", default=None,
+                        help="draft, hybrid: the target's model (or tokenizer) directory; a draft whose tokenizer "
+                             "differs drafts the tokens the two share, under the target's ids (token-level "
+                             "intersection, exact at any temperature)")
     worker.add_argument("--min-n", type=_positive, default=None,
                         help=f"ngram, hybrid: the shortest suffix matched (default: 1; hybrid {HYBRID_MIN_N})")
     worker.add_argument("--max-n", type=_positive, default=4,

@@ -267,6 +267,8 @@ class LocalCluster:
         if kind == "draft" and self.drafter != "model":
             kind, model = self.drafter, "" if self.drafter == "ngram" else model
         args = self.worker_args + (self.verifier_args if kind == "target" else ())
+        if kind in ("draft", "hybrid") and (Path(self.models["target"]) / "tokenizer_config.json").exists():
+            args += ("--target-tokenizer", self.models["target"])  # a draft of another tokenizer speaks the target's ids
 
         def start() -> subprocess.Popen:
             proc, self.addresses[name] = spawn_worker(kind, model, self.host, self.threads, self.device,

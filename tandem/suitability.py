@@ -1,16 +1,22 @@
 """Is a draft/target pair worth deploying? Measure it before a cluster runs it.
 
-The field's rules of thumb, checked with numbers: the two models must share one vocabulary
-(tandem sends token ids, never text, between them); a draft token should cost well under
-15% of a target token; and what the draft proposes must be accepted often enough that the
-analytic speedup S(α, γ, cost) = E[tokens | α, γ] / (1 + γ·cost) clears 1 with room to spare.
+The field's rules of thumb, checked with numbers: the two models must speak one vocabulary
+(tandem sends token ids, never text, between them: a draft whose tokenizer differs drafts the
+tokens the two share, under the target's ids, tandem.services.vocabulary); a draft token should
+cost well under 15% of a target token; and what the draft proposes must be accepted often enough
+that the analytic speedup S(α, γ, cost) = E[tokens | α, γ] / (1 + γ·cost) clears 1 with room to
+spare.
 
 Acceptance is measured the way the cluster experiences it: along the target's own greedy
 continuation of each prompt, at every position,
   greedy agreement   = P(argmax draft_probs == argmax target_probs)   (α for temperature 0)
   sampled acceptance = E[Σ_v min(draft_probs(v), target_probs(v))]    (α for temperature 1)
+with a draft of another tokenizer reading the context as it serves it (each target token's
+spelling) and its distributions restricted to the shared tokens. Such a pair's report also says
+how much of the target's continuation the shared tokens cover: greedy agreement's ceiling.
 """
 
+import itertools
 import json
 import statistics
 import time
@@ -18,17 +24,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from tandem.math.analytic import analytic_speedup, best_gamma
 from tandem.services.runtime import eos_token_ids
+from tandem.services.vocabulary import PairMismatch, VocabularyMap, between, tokenizer_of
 
 COST_RULE = 0.15  # draft/target cost per token, the usual ceiling for a useful draft
 SUITABLE_SPEEDUP = 1.3
-
-
-class PairMismatch(ValueError):
-    """The draft and the target do not share a vocabulary."""
 
 
 @dataclass
@@ -49,6 +52,10 @@ class PairReport:
     speedup_sampled: float = 1.0
     verdict: str = ""
     problems: list[str] = field(default_factory=list)
+    shared_tokens: int | None = None  # a draft of another tokenizer: the tokens the two share
+    shared_of_draft: float | None = None
+    shared_of_target: float | None = None
+    coverage: float | None = None  # of the target's continuation tokens, those the shared tokens hold
 
     @property
     def cost_ratio(self) -> float:
@@ -62,7 +69,7 @@ class PairReport:
         return "\n".join([
             f"draft   {self.draft}",
             f"target  {self.target}",
-            f"vocabulary          shared, {self.vocab_size} tokens",
+            self._vocabulary_line(),
             f"cost per token      draft {self.draft_ms:.2f} ms, target {self.target_ms:.2f} ms: "
             f"ratio {self.cost_ratio:.3f} (rule of thumb: under {COST_RULE})",
             f"acceptance          greedy agreement {self.greedy_agreement:.3f}, T=1 acceptance "
@@ -72,6 +79,14 @@ class PairReport:
             *(f"problem             {p}" for p in self.problems),
             f"verdict             {self.verdict}",
         ])
+
+
+    def _vocabulary_line(self) -> str:
+        if self.shared_tokens is None:
+            return f"vocabulary          shared, {self.vocab_size} tokens"
+        return (f"vocabulary          mapped: {self.shared_tokens} tokens shared ({self.shared_of_draft:.1%} of the "
+                f"draft's, {self.shared_of_target:.1%} of the target's); they hold {self.coverage:.1%} of the "
+                f"target's continuation tokens")
 
 
 def load_prompts(path: str | Path) -> list[str]:
@@ -87,25 +102,40 @@ def load_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def _tokenizer(model_dir: str):
-    return AutoTokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer_config.json").exists() else None
+def check_vocabulary(draft_dir: str, target_dir: str) -> VocabularyMap | None:
+    """The map a draft of another tokenizer needs (None: the two share one vocabulary), or
+    PairMismatch saying how the two differ: too little shared, or, without both tokenizers to
+    tell, different sizes."""
+    if tokenizer_of(draft_dir) is None or tokenizer_of(target_dir) is None:
+        sizes = {name: AutoConfig.from_pretrained(d).vocab_size for name, d in (("draft", draft_dir),
+                                                                               ("target", target_dir))}
+        if sizes["draft"] != sizes["target"]:
+            raise PairMismatch(f"draft and target vocabularies differ: the draft has {sizes['draft']} tokens, "
+                               f"the target {sizes['target']}, and without both tokenizers tandem cannot map one "
+                               "to the other")
+        return None
+    return between(draft_dir, target_dir)
 
 
-def check_vocabulary(draft_dir: str, target_dir: str) -> int:
-    """The shared vocabulary size, or PairMismatch saying how the two differ."""
-    sizes = {name: AutoConfig.from_pretrained(d).vocab_size for name, d in (("draft", draft_dir), ("target", target_dir))}
-    if sizes["draft"] != sizes["target"]:
-        raise PairMismatch(f"draft and target vocabularies differ: the draft has {sizes['draft']} tokens, "
-                           f"the target {sizes['target']}; speculative decoding needs one shared vocabulary")
-    draft_tok, target_tok = _tokenizer(draft_dir), _tokenizer(target_dir)
-    if draft_tok is not None and target_tok is not None:
-        draft_vocab, target_vocab = draft_tok.get_vocab(), target_tok.get_vocab()
-        differ = sorted(set(draft_vocab.items()) ^ set(target_vocab.items()), key=lambda kv: kv[1])
-        if differ:
-            token, idx = differ[0]
-            raise PairMismatch(f"draft and target tokenizers differ: {len(differ)} (token, id) pairs are not shared, "
-                               f"e.g. {token!r} -> {idx}; speculative decoding needs one shared vocabulary")
-    return sizes["target"]
+class _DraftReader:
+    """The draft as the cluster serves it: reading the target's ids (spelled in its own when its
+    tokenizer differs), answering logits over the target's vocabulary."""
+
+    def __init__(self, draft, vocabulary: VocabularyMap | None) -> None:
+        self.draft, self.vocabulary = draft, vocabulary
+
+    def ids(self, tokens: list[int]) -> list[int]:
+        if self.vocabulary is None:
+            return tokens
+        return [d for t in tokens for d in self.vocabulary.spellings[t]]
+
+    def logits(self, tokens: list[int], scored: slice) -> torch.Tensor:
+        """The draft's logits after each of tokens[scored] → [n, target vocab]."""
+        if self.vocabulary is None:
+            return self.draft(input_ids=torch.tensor([tokens])).logits[0, scored]
+        ends = list(itertools.accumulate(len(self.vocabulary.spellings[t]) for t in tokens))
+        logits = self.draft(input_ids=torch.tensor([self.ids(tokens)])).logits[0]
+        return self.vocabulary.target_logits(logits[[e - 1 for e in ends[scored]]])
 
 
 @torch.inference_mode()
@@ -121,13 +151,16 @@ def _decode_times(model, context: list[int], steps: int) -> list[float]:
     return times
 
 
-def cost_per_token_ms(models: list, context: list[int], rounds: int = 7, steps: int = 16) -> list[float]:
+def cost_per_token_ms(models: list, context: list[int], draft_ids=None, rounds: int = 7,
+                      steps: int = 16) -> list[float]:
     """Median milliseconds per decode step for each model, the models taking turns for
-    `rounds` rounds so that a noisy machine slows them alike."""
+    `rounds` rounds so that a noisy machine slows them alike. draft_ids: the first model's
+    reading of the context (a draft of another tokenizer's spelling)."""
     times: list[list[float]] = [[] for _ in models]
+    contexts = [draft_ids(context) if draft_ids else context] + [context] * (len(models) - 1)
     for _ in range(rounds):
-        for model, acc in zip(models, times):
-            acc += _decode_times(model, context, steps)[1:]  # the first step warms up
+        for model, ids, acc in zip(models, contexts, times):
+            acc += _decode_times(model, ids, steps)[1:]  # the first step warms up
     return [statistics.median(t) * 1e3 for t in times]
 
 
@@ -145,12 +178,15 @@ def greedy_continuation(model, prompt: list[int], max_new_tokens: int, eos: tupl
 
 
 @torch.inference_mode()
-def acceptance(draft, target, prompt: list[int], continuation: list[int]) -> tuple[int, float, int]:
-    """(argmax agreements, Σ over positions of Σ_v min(draft_probs, target_probs), positions)."""
-    ids = torch.tensor([prompt + continuation[:-1]])
+def acceptance(draft, target, prompt: list[int], continuation: list[int],
+               vocabulary: VocabularyMap | None = None) -> tuple[int, float, int]:
+    """(argmax agreements, Σ over positions of Σ_v min(draft_probs, target_probs), positions);
+    vocabulary: a draft of another tokenizer's map."""
+    tokens = prompt + continuation[:-1]
     scored = slice(len(prompt) - 1, None)
-    draft_probs = torch.softmax(draft(input_ids=ids).logits[0, scored].double(), -1)  # [n, vocab]
-    target_probs = torch.softmax(target(input_ids=ids).logits[0, scored].double(), -1)  # [n, vocab]
+    draft_logits = _DraftReader(draft, vocabulary).logits(tokens, scored)
+    draft_probs = torch.softmax(draft_logits.double(), -1)  # [n, vocab]
+    target_probs = torch.softmax(target(input_ids=torch.tensor([tokens])).logits[0, scored].double(), -1)  # [n, vocab]
     agree = int((draft_probs.argmax(-1) == target_probs.argmax(-1)).sum())
     return agree, float(torch.minimum(draft_probs, target_probs).sum()), len(continuation)
 
@@ -171,12 +207,12 @@ def verdict(report: PairReport) -> PairReport:
 def check_pair(draft_dir: str, target_dir: str, prompts: list[str] | list[list[int]], max_new_tokens: int = 64,
                max_gamma: int = 8, threads: int = 1) -> PairReport:
     """Measure the pair on `prompts` (text, or token ids when neither model has a tokenizer)."""
-    vocab = check_vocabulary(draft_dir, target_dir)
+    vocabulary = check_vocabulary(draft_dir, target_dir)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)  # one thread each, as `tandem up` runs the workers here
     try:
         draft, target = (AutoModelForCausalLM.from_pretrained(d).eval() for d in (draft_dir, target_dir))
-        tokenizer = _tokenizer(target_dir) or _tokenizer(draft_dir)
+        tokenizer = tokenizer_of(target_dir) or tokenizer_of(draft_dir)
         if prompts and isinstance(prompts[0], str):
             if tokenizer is None:
                 raise ValueError("text prompts need a tokenizer, and neither model directory has one")
@@ -184,15 +220,22 @@ def check_pair(draft_dir: str, target_dir: str, prompts: list[str] | list[list[i
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
         eos = eos_token_ids(target.generation_config) or eos_token_ids(target.config)
-        agree, mass, positions = 0, 0.0, 0
+        agree, mass, positions, covered = 0, 0.0, 0, 0
+        shared = set(vocabulary.target_of.values()) if vocabulary else None
         for prompt in prompts:
-            a, m, n = acceptance(draft, target, prompt, greedy_continuation(target, prompt, max_new_tokens, eos))
+            continuation = greedy_continuation(target, prompt, max_new_tokens, eos)
+            a, m, n = acceptance(draft, target, prompt, continuation, vocabulary)
             agree, mass, positions = agree + a, mass + m, positions + n
-        draft_ms, target_ms = cost_per_token_ms([draft, target], prompts[0])
-        report = PairReport(draft=draft_dir, target=target_dir, vocab_size=vocab, prompts=len(prompts),
-                            positions=positions, draft_ms=draft_ms, target_ms=target_ms,
+            covered += sum(t in shared for t in continuation) if shared else n
+        draft_ms, target_ms = cost_per_token_ms([draft, target], prompts[0], _DraftReader(draft, vocabulary).ids)
+        report = PairReport(draft=draft_dir, target=target_dir, vocab_size=int(target.config.vocab_size),
+                            prompts=len(prompts), positions=positions, draft_ms=draft_ms, target_ms=target_ms,
                             greedy_agreement=agree / positions,
                             sampled_acceptance=mass / positions, max_gamma=max_gamma)
+        if vocabulary:
+            overlap = vocabulary.overlap
+            report.shared_tokens, report.coverage = overlap.shared, covered / positions
+            report.shared_of_draft, report.shared_of_target = overlap.shared / overlap.draft, overlap.shared / overlap.target
     finally:
         torch.set_num_threads(previous_threads)
     inverse_cost = 1.0 / report.cost_ratio  # analytic_speedup takes target cost / draft cost

@@ -5,12 +5,13 @@ Random weights say nothing about acceptance; the mechanics (tokenizer, from_pret
 caches, exactness) are the real ones.
 """
 
+import json
 import sysconfig
 from pathlib import Path
 
 import torch
-from tokenizers import ByteLevelBPETokenizer
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>"]
 
@@ -32,8 +33,43 @@ def build_tokenizer(vocab_size: int, max_chars: int = 400_000) -> PreTrainedToke
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(_stdlib_sample(max_chars), vocab_size=vocab_size, min_frequency=0,
                             special_tokens=SPECIAL, show_progress=False)
-    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token=SPECIAL[0], bos_token=SPECIAL[1],
+    return _fast(bpe._tokenizer)
+
+
+def _fast(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=SPECIAL[0], bos_token=SPECIAL[1],
                                    eos_token=SPECIAL[2], model_max_length=1024)
+
+
+def renumbered_tokenizer(tokenizer: PreTrainedTokenizerFast, seed: int) -> PreTrainedTokenizerFast:
+    """The same tokenizer (tokens, merges, specials) with its ids shuffled: token i becomes order[i]."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    order = torch.randperm(len(tokenizer), generator=torch.Generator().manual_seed(seed)).tolist()
+    spec["model"]["vocab"] = {token: order[i] for token, i in spec["model"]["vocab"].items()}
+    for added in spec["added_tokens"]:
+        added["id"] = order[added["id"]]
+    return _fast(Tokenizer.from_str(json.dumps(spec)))
+
+
+def draft_over(source_dir: str, source_tokenizer, tokenizer, out_dir: str) -> str:
+    """The model in source_dir (which reads source_tokenizer's ids) over another tokenizer: each
+    token's embedding and output rows are the source's for the same string, zero for a string the
+    source lacks; saved with that tokenizer."""
+    source = AutoModelForCausalLM.from_pretrained(source_dir)
+    config = LlamaConfig(**{**source.config.to_dict(), "vocab_size": len(tokenizer)})
+    model = LlamaForCausalLM(config)
+    state = source.state_dict()
+    known = source_tokenizer.get_vocab()
+    rows = {new: known[token] for token, new in tokenizer.get_vocab().items() if token in known}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        weight = torch.zeros(len(tokenizer), state[name].shape[1])
+        weight[list(rows)] = state[name][list(rows.values())]
+        state[name] = weight
+    model.load_state_dict(state)
+    model.generation_config.eos_token_id = model.config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
 
 
 def llama_config(vocab_size: int, layers: int, hidden: int, eos_token_id: int, max_context: int = 1024,

@@ -35,7 +35,7 @@ def test_loads_through_from_pretrained(name, tokenizer):
 
 
 def test_one_vocabulary_and_special_tokens(tokenizer):
-    assert check_vocabulary(str(MODELS / "draft"), str(MODELS / "target")) == len(tokenizer)
+    assert check_vocabulary(str(MODELS / "draft"), str(MODELS / "target")) is None  # one vocabulary, nothing to map
     assert 4000 <= len(tokenizer) <= 8192
     assert tokenizer.eos_token == "<|eos|>" and tokenizer.pad_token == "<|pad|>"
     assert AutoModelForCausalLM.from_pretrained(MODELS / "target").generation_config.eos_token_id == tokenizer.eos_token_id
