@@ -35,6 +35,7 @@ from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from tandem.bench.corpus import read, stdlib_files, thirdparty_files
+from tandem.distill import draft_loss
 from tandem.suitability import check_pair, load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,13 +160,8 @@ def next_token_loss(model, windows: torch.Tensor) -> torch.Tensor:
 
 
 def distill_loss(draft, target, windows: torch.Tensor) -> torch.Tensor:
-    """KL(target || draft) at T=1, per token.  windows: [b, context + 1]"""
-    inputs = windows[:, :-1]
-    with torch.no_grad():
-        target_logprobs = F.log_softmax(target(input_ids=inputs).logits.float(), -1)  # [b, ctx, vocab]
-    draft_logprobs = F.log_softmax(draft(input_ids=inputs).logits.float(), -1)  # [b, ctx, vocab]
-    return F.kl_div(draft_logprobs.flatten(0, 1), target_logprobs.flatten(0, 1), log_target=True,
-                    reduction="batchmean")
+    """KL(target || draft) at T=1, per token, as `tandem distill` trains.  windows: [b, context + 1]"""
+    return draft_loss(draft, target, windows[:, :-1])
 
 
 @torch.no_grad()

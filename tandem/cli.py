@@ -442,6 +442,22 @@ def cmd_check(args) -> None:
         sys.exit(1)
 
 
+# --- tandem distill --------------------------------------------------------------------------
+
+
+def cmd_distill(args) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from tandem import distill
+
+    hf_logging.disable_progress_bar()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    distill.main(args)
+
+
 # --- tandem bench ----------------------------------------------------------------------------
 
 
@@ -754,6 +770,30 @@ def parser() -> argparse.ArgumentParser:
                        help="instead: tracing at full sampling against sampled out (greedy, gamma 3)")
     bench.add_argument("--out", default=str(PROJECT_ROOT / "benchmarks" / "results"))
     bench.set_defaults(func=cmd_bench, extra="bench")
+
+    distill = sub.add_parser("distill", help="train a draft (or the verifier's head) for a target on your data")
+    distill.add_argument("--target", required=True, help="the target's model directory (with its tokenizer)")
+    distill.add_argument("--data", required=True, nargs="+", help="text files, or directories of them, to train on")
+    distill.add_argument("--out", required=True, help="where the draft (or head) and its checkpoint go; a run "
+                                                     "started again with the same --out carries on")
+    distill.add_argument("--draft-config", default="tiny",
+                         help="tiny (1 layer, a third of the target's width), small (2 layers, half) or a JSON "
+                              "object of LlamaConfig fields over tiny")
+    budget = distill.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--steps", type=_positive, help="train this many steps")
+    budget.add_argument("--minutes", type=float, help="train this many minutes")
+    distill.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda where there is one)")
+    distill.add_argument("--head", action="store_true", help="train an EAGLE-3 head for the verifier instead")
+    distill.add_argument("--window", type=_positive, default=128, help="tokens per training window")
+    distill.add_argument("--batch", type=_positive, default=8, help="windows per step, half text, half the "
+                                                                   "target's continuations")
+    distill.add_argument("--continuations", type=_positive, default=64,
+                         help="the target's greedy continuations generated first")
+    distill.add_argument("--lr", type=float, default=3e-3)
+    distill.add_argument("--seed", type=int, default=0)
+    distill.add_argument("--prompts", help="prompts for the final tandem check (default: held-out data)")
+    distill.add_argument("--checkpoint-minutes", type=float, default=1.0, help="write a checkpoint this often")
+    distill.set_defaults(func=cmd_distill, extra="server")
 
     plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup")
     plan.add_argument("--alpha", type=float, required=True, help="acceptance rate in [0, 1]")
