@@ -287,7 +287,9 @@ def run(target_dir: str, data: list[str], out: str, draft_spec: str = "tiny", st
     summary = {"plan": asdict(plan), "steps": curve[-1]["step"], "minutes": round(curve[-1]["seconds"] / 60, 2),
                "final_kl": curve[-1]["kl"], "parameters": sum(p.numel() for p in student.parameters()),
                "curve": curve}
-    held_stream = encode(tokenizer, held_out, eos) if held_out else stream[-(len(stream) // 20 + window):]
+    held_stream = encode(tokenizer, held_out, eos) if held_out else torch.tensor([], dtype=torch.long)
+    if len(held_stream) < window + PROMPT_TOKENS:  # too little held out: the end of the training text
+        held_stream = stream[-max(len(stream) // 20, window + PROMPT_TOKENS):]
     if head:
         head_module.save(student.cpu(), out_dir)
         windows = torch.stack([held_stream[i:i + window] for i in range(0, len(held_stream) - window, window)][:16])
