@@ -154,8 +154,6 @@ class TranslatedRuntime:
     target tokens and positions, logits go out over the target's vocabulary. Drafting never
     keeps tree paths (the verifier does), so there is no keep_paths."""
 
-    draft_step = None
-
     def __init__(self, model: ModelRuntime, vocabulary: VocabularyMap) -> None:
         self.model, self.vocabulary = model, vocabulary
         self.device, self.forward_pass = model.device, model.forward_pass  # the Batcher's and the banner's
