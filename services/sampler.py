@@ -149,15 +149,14 @@ def _branches(asks: list[Branch], spans: list[range], values, rows: torch.Tensor
     else:
         q = values.index_select(0, index)  # [R, V]: every node's draft distribution
         u = _child_uniforms(asks, spans, (q > 0).sum(-1).tolist())
-        rules_of = [a.rule for a, span in zip(asks, spans) for _ in span]  # per row
-        children: list[list[int]] = [[] for _ in widths]
-        for rule in dict.fromkeys(rules_of):
-            mine = [r for r, rule_r in enumerate(rules_of) if rule_r == rule]
+
+        def draw(rule: str, mine: list[int]) -> list[list[int]]:
             q_mine, u_mine = q.index_select(0, _index(mine, q)), [u[r] for r in mine]
-            kids = (tree_greedy.draw_children(q_mine, [w[:1] for w in u_mine], [widths[r] for r in mine])
-                    if rule == "greedy" else tree_sampling.draw_children(q_mine, u_mine))
-            for r, k in zip(mine, kids):
-                children[r] = k
+            if rule == "greedy":
+                return tree_greedy.draw_children(q_mine, [w[:1] for w in u_mine], [widths[r] for r in mine])
+            return tree_sampling.draw_children(q_mine, u_mine)
+
+        children = _by_rule([a.rule for a, span in zip(asks, spans) for _ in span], draw)  # per row
         flat = _index((r * q.shape[-1] + t for r, kids in enumerate(children) for t in kids), q)
         probs = _cut(q.flatten()[flat].tolist(), [len(c) for c in children])
         packed = distributions.pack(q)
@@ -242,17 +241,26 @@ def _draft_probs(asks: list[Check], gammas: list[int], drafts: torch.Tensor, voc
 def _check_trees(asks: list[CheckTree], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list:
     if greedy:
         return [tree_math.greedy_verdict(a.tree, values[span[0]:span[-1] + 1]) for a, span in zip(asks, spans)]
-    out: list = [None] * len(asks)
-    for rule in dict.fromkeys(a.rule for a in asks):  # each rule's trees at once
-        mine = [i for i, a in enumerate(asks) if a.rule == rule]
+
+    def check(rule: str, mine: list[int]) -> list:
         target = values.index_select(0, _index((r for i in mine for r in spans[i]), values))  # [N, V]
         drafts = [asks[i].draft_probs for i in mine if asks[i].draft_probs is not None]
         u = [cycle_uniforms(asks[i].params.seed, asks[i].position, len(asks[i].tree) + 1, Purpose.TREE_RECOVERED)
              for i in mine]
-        verdicts = rules.TREE.verdicts([asks[i].tree for i in mine], target, torch.cat(drafts) if drafts else None, u,
-                                       rule)
-        for i, v in zip(mine, verdicts):
-            out[i] = v
+        return rules.TREE.verdicts([asks[i].tree for i in mine], target, torch.cat(drafts) if drafts else None, u,
+                                   rule)
+
+    return _by_rule([a.rule for a in asks], check)
+
+
+def _by_rule(rules_of: list[str], answer) -> list:
+    """answer(rule, indices) for each tree rule's items at once (a pass mixes sessions of both)
+    → every item's result, in the items' order."""
+    out: list = [None] * len(rules_of)
+    for rule in dict.fromkeys(rules_of):
+        mine = [i for i, r in enumerate(rules_of) if r == rule]
+        for i, result in zip(mine, answer(rule, mine)):
+            out[i] = result
     return out
 
 

@@ -113,6 +113,11 @@ class VocabularyMap:
             raise PairMismatch(f"the draft's and the target's tokenizers share too little: {self.overlap.describe()}; "
                                f"tandem needs at least {MIN_SHARED:.0%} of the smaller vocabulary shared")
 
+    def spell(self, tokens: list[int]) -> tuple[list[int], list[int]]:
+        """Target tokens → (the draft tokens they become, where each one's spelling ends in them)."""
+        spelled = [self.spellings[t] for t in tokens]
+        return list(itertools.chain.from_iterable(spelled)), list(itertools.accumulate(map(len, spelled)))
+
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits [n, draft_size] → [n, target_size]: the shared tokens' at their target
         ids, −inf elsewhere (their softmax is the draft's restricted to the shared tokens)."""
@@ -121,9 +126,13 @@ class VocabularyMap:
         return out
 
 
+def has_tokenizer(model_dir: str) -> bool:
+    return (Path(model_dir) / "tokenizer_config.json").exists()
+
+
 def tokenizer_of(model_dir: str):
     """The directory's tokenizer, or None when it has none."""
-    return AutoTokenizer.from_pretrained(model_dir) if (Path(model_dir) / "tokenizer_config.json").exists() else None
+    return AutoTokenizer.from_pretrained(model_dir) if has_tokenizer(model_dir) else None
 
 
 def logits_width(model_dir: str, tokenizer) -> int:
@@ -190,11 +199,9 @@ class TranslatedRuntime:
                 self._ends.pop(step.session_id, None)
                 results[i] = CacheMiss(step.session_id)
                 continue
-            spelled = [self.vocabulary.spellings[t] for t in step.tokens]
-            tokens = list(itertools.chain.from_iterable(spelled))
+            tokens, local = self.vocabulary.spell(step.tokens)  # local: where each spelling ends in `tokens`
             if step.parents is not None and len(tokens) != len(step.tokens):
                 raise ValueError("a tree's nodes are drafted tokens, shared one for one")
-            local = list(itertools.accumulate(map(len, spelled)))  # where each spelling ends in `tokens`
             keep = step.keep or len(step.tokens)
             first = local[-keep - 1] if keep < len(local) else 0
             start = ends[step.cache_len]

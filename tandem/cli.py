@@ -286,10 +286,10 @@ def cmd_up(args) -> None:
 def _check_vocabularies(draft_model: str, target_model: str, drafter: str) -> None:
     """Before anything starts: a draft model whose tokenizer shares too little with the
     target's is refused with the numbers (the workers would refuse it one by one)."""
-    if drafter not in ("model", "hybrid") or not (Path(target_model) / "tokenizer_config.json").exists():
-        return
     from tandem.services import vocabulary
 
+    if drafter not in ("model", "hybrid") or not vocabulary.has_tokenizer(target_model):
+        return
     try:
         vocabulary.between(draft_model, target_model)
     except (vocabulary.PairMismatch, OSError) as e:

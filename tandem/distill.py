@@ -73,10 +73,15 @@ def data_files(paths: list[str]) -> list[Path]:
         if not p.exists():
             raise ValueError(f"--data {p}: no such file or directory")
         files += sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    text = [f for f in files if f.stat().st_size and b"\0" not in f.read_bytes()[:8192]]
+    text = [f for f in files if f.stat().st_size and b"\0" not in _head(f)]
     if not text:
         raise ValueError("--data: no text files")
     return text
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(8192)
 
 
 def encode(tokenizer, files: list[Path], eos: int) -> torch.Tensor:
@@ -268,8 +273,9 @@ def run(target_dir: str, data: list[str], out: str, draft_spec: str = "tiny", st
     stream = encode(tokenizer, train_files, eos)
     if len(stream) < window + PROMPT_TOKENS + 1:
         raise ValueError(f"--data: {len(stream)} tokens to train on, fewer than one window ({window})")
+    config = None if head else draft_config(target.config, draft_spec)
     student_spec = f"head:{','.join(map(str, head_training.head_config(target.config).taps))}" if head else \
-        f"draft:{draft_config(target.config, draft_spec).to_json_string(use_diff=False)}"
+        f"draft:{config.to_json_string(use_diff=False)}"
     plan = Plan(target_dir, tuple(map(str, files)), student_spec, window, batch, continuation_count, lr, seed, steps,
                 minutes)
     checkpoint = Checkpoint(out_dir, plan)
@@ -281,7 +287,7 @@ def run(target_dir: str, data: list[str], out: str, draft_spec: str = "tiny", st
         student = head_training.new_head(target).to(device)
         loss_of = lambda w: head_training.loss(student, target, w, 3)  # noqa: E731
     else:
-        student = LlamaForCausalLM(draft_config(target.config, draft_spec)).to(device)
+        student = LlamaForCausalLM(config).to(device)
         loss_of = lambda w: draft_loss(student, target, w)  # noqa: E731
     curve = train(student, loss_of, stream, pool, plan, checkpoint, state, 60 * checkpoint_minutes, say)
     summary = {"plan": asdict(plan), "steps": curve[-1]["step"], "minutes": round(curve[-1]["seconds"] / 60, 2),

@@ -165,6 +165,8 @@ class LocalCluster:
         self.verifier_args = ("--head", head) if head else ("--exit-layer", str(exit_layer)) if exit_layer else ()
         self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
+        # The target's tokenizer: the orchestrator's, and what a draft of another tokenizer maps to.
+        self.tokenizer = target_model if (Path(target_model) / "tokenizer_config.json").exists() else None
         self.grpc_port, self.http_port, self.host = grpc_port, http_port, host
         draft_workers = 0 if drafter in ("head", "self") else draft_workers
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
@@ -216,11 +218,10 @@ class LocalCluster:
             if self.tls_dir:
                 self.tls = self._certificates()
             self._start_workers(free_port)
-            has_tokenizer = (Path(self.models["target"]) / "tokenizer_config.json").exists()
             config = OrchestratorConfig(
                 draft_addresses=tuple(self.addresses[n] for n in self.names if n.startswith("draft")),
                 target_addresses=tuple(self.addresses[n] for n in self.names if n.startswith("target")),
-                redis_url=self.redis_url, tokenizer=self.models["target"] if has_tokenizer else None,
+                redis_url=self.redis_url, tokenizer=self.tokenizer,
                 max_gamma=self.max_gamma, metrics_port=self.metrics_ports["orchestrator"],
                 draft_ahead=self.draft_ahead, replicas=self.replicas, metrics_host=self.host,
                 tls=self.tls["orchestrator"] if self.tls else None, **self.options,
@@ -267,8 +268,8 @@ class LocalCluster:
         if kind == "draft" and self.drafter != "model":
             kind, model = self.drafter, "" if self.drafter == "ngram" else model
         args = self.worker_args + (self.verifier_args if kind == "target" else ())
-        if kind in ("draft", "hybrid") and (Path(self.models["target"]) / "tokenizer_config.json").exists():
-            args += ("--target-tokenizer", self.models["target"])  # a draft of another tokenizer speaks the target's ids
+        if kind in ("draft", "hybrid") and self.tokenizer:
+            args += ("--target-tokenizer", self.tokenizer)  # a draft of another tokenizer speaks the target's ids
 
         def start() -> subprocess.Popen:
             proc, self.addresses[name] = spawn_worker(kind, model, self.host, self.threads, self.device,

@@ -16,7 +16,6 @@ spelling) and its distributions restricted to the shared tokens. Such a pair's r
 how much of the target's continuation the shared tokens cover: greedy agreement's ceiling.
 """
 
-import itertools
 import json
 import statistics
 import time
@@ -28,7 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from tandem.math.analytic import analytic_speedup, best_gamma
 from tandem.services.runtime import eos_token_ids
-from tandem.services.vocabulary import PairMismatch, VocabularyMap, between, tokenizer_of
+from tandem.services.vocabulary import PairMismatch, VocabularyMap, between, has_tokenizer, tokenizer_of
 
 COST_RULE = 0.15  # draft/target cost per token, the usual ceiling for a useful draft
 SUITABLE_SPEEDUP = 1.3
@@ -106,7 +105,7 @@ def check_vocabulary(draft_dir: str, target_dir: str) -> VocabularyMap | None:
     """The map a draft of another tokenizer needs (None: the two share one vocabulary), or
     PairMismatch saying how the two differ: too little shared, or, without both tokenizers to
     tell, different sizes."""
-    if tokenizer_of(draft_dir) is None or tokenizer_of(target_dir) is None:
+    if not (has_tokenizer(draft_dir) and has_tokenizer(target_dir)):
         sizes = {name: AutoConfig.from_pretrained(d).vocab_size for name, d in (("draft", draft_dir),
                                                                                ("target", target_dir))}
         if sizes["draft"] != sizes["target"]:
@@ -117,25 +116,14 @@ def check_vocabulary(draft_dir: str, target_dir: str) -> VocabularyMap | None:
     return between(draft_dir, target_dir)
 
 
-class _DraftReader:
-    """The draft as the cluster serves it: reading the target's ids (spelled in its own when its
-    tokenizer differs), answering logits over the target's vocabulary."""
-
-    def __init__(self, draft, vocabulary: VocabularyMap | None) -> None:
-        self.draft, self.vocabulary = draft, vocabulary
-
-    def ids(self, tokens: list[int]) -> list[int]:
-        if self.vocabulary is None:
-            return tokens
-        return [d for t in tokens for d in self.vocabulary.spellings[t]]
-
-    def logits(self, tokens: list[int], scored: slice) -> torch.Tensor:
-        """The draft's logits after each of tokens[scored] → [n, target vocab]."""
-        if self.vocabulary is None:
-            return self.draft(input_ids=torch.tensor([tokens])).logits[0, scored]
-        ends = list(itertools.accumulate(len(self.vocabulary.spellings[t]) for t in tokens))
-        logits = self.draft(input_ids=torch.tensor([self.ids(tokens)])).logits[0]
-        return self.vocabulary.target_logits(logits[[e - 1 for e in ends[scored]]])
+def draft_logits(draft, vocabulary: VocabularyMap | None, tokens: list[int], scored: slice) -> torch.Tensor:
+    """The draft's logits after each of tokens[scored] as the cluster serves it (a draft of
+    another tokenizer reading the tokens spelled in its own) → [n, target vocab]."""
+    if vocabulary is None:
+        return draft(input_ids=torch.tensor([tokens])).logits[0, scored]
+    ids, ends = vocabulary.spell(tokens)
+    logits = draft(input_ids=torch.tensor([ids])).logits[0]
+    return vocabulary.target_logits(logits[[e - 1 for e in ends[scored]]])
 
 
 @torch.inference_mode()
@@ -184,8 +172,7 @@ def acceptance(draft, target, prompt: list[int], continuation: list[int],
     vocabulary: a draft of another tokenizer's map."""
     tokens = prompt + continuation[:-1]
     scored = slice(len(prompt) - 1, None)
-    draft_logits = _DraftReader(draft, vocabulary).logits(tokens, scored)
-    draft_probs = torch.softmax(draft_logits.double(), -1)  # [n, vocab]
+    draft_probs = torch.softmax(draft_logits(draft, vocabulary, tokens, scored).double(), -1)  # [n, vocab]
     target_probs = torch.softmax(target(input_ids=torch.tensor([tokens])).logits[0, scored].double(), -1)  # [n, vocab]
     agree = int((draft_probs.argmax(-1) == target_probs.argmax(-1)).sum())
     return agree, float(torch.minimum(draft_probs, target_probs).sum()), len(continuation)
@@ -227,7 +214,8 @@ def check_pair(draft_dir: str, target_dir: str, prompts: list[str] | list[list[i
             a, m, n = acceptance(draft, target, prompt, continuation, vocabulary)
             agree, mass, positions = agree + a, mass + m, positions + n
             covered += sum(t in shared for t in continuation) if shared else n
-        draft_ms, target_ms = cost_per_token_ms([draft, target], prompts[0], _DraftReader(draft, vocabulary).ids)
+        draft_ms, target_ms = cost_per_token_ms([draft, target], prompts[0],
+                                                None if vocabulary is None else lambda tokens: vocabulary.spell(tokens)[0])
         report = PairReport(draft=draft_dir, target=target_dir, vocab_size=int(target.config.vocab_size),
                             prompts=len(prompts), positions=positions, draft_ms=draft_ms, target_ms=target_ms,
                             greedy_agreement=agree / positions,
