@@ -35,12 +35,14 @@ class EmbeddedRedis:
     against 0.11 ms, and the kernel's work for it competes with the workers on a small machine."""
 
     def __init__(self, port: int = 0, data_dir: str | None = None, appendonly: bool = False,
-                 password: str | None = None) -> None:
+                 password: str | None = None, host: str = "127.0.0.1") -> None:
+        """host: the address it binds (the test bed's: a namespace's gateway)."""
+        self.host = host
         self.port = port or free_port()
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="tandem-redis-")
         self.appendonly = appendonly
         self.password = password
-        self.url = f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.port}/0"
+        self.url = f"redis://{f':{password}@' if password else ''}{host}:{self.port}/0"
         self.safe_url = self.url.replace(f":{password}@", ":***@") if password else self.url  # to print
         self.process = self.restart()
 
@@ -48,7 +50,7 @@ class EmbeddedRedis:
         """Start redis-server (again) on this port and directory; returns once it answers."""
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if self.appendonly else ["--appendonly", "no"]
         self.process = subprocess.Popen(
-            [redis_server_binary(), self._config_file(), "--port", str(self.port), "--bind", "127.0.0.1",
+            [redis_server_binary(), self._config_file(), "--port", str(self.port), "--bind", self.host,
              "--dir", self.data_dir, "--save", "", *persistence, "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
@@ -67,7 +69,7 @@ class EmbeddedRedis:
         return path
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+        client = redis.Redis(host=self.host, port=self.port, password=self.password)
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -28,12 +28,14 @@ SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.
 
 def spawn_worker(kind: str, model: str, host: str, threads: int, device: str, dtype: str,
                  echo: bool = True, metrics_port: int = 0, port: int = 0,
-                 tls: "TLSFiles | None" = None, args: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
+                 tls: "TLSFiles | None" = None, args: Sequence[str] = (),
+                 prefix: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
     """Start `tandem worker` as a child process; return it and the address it listens on; with
-    `tls`, it serves mutual TLS only. args: more `tandem worker` flags."""
+    `tls`, it serves mutual TLS only. args: more `tandem worker` flags; prefix: the command it
+    runs under (the test bed's `ip netns exec NS`, which execs it: the same pid, our child)."""
     # --parent-pid: the worker stops when this process is gone, however it went (a SIGKILLed
     # launcher must not leave workers holding their models).
-    cmd = [sys.executable, "-m", "tandem.cli", "worker", kind, *(["--model", model] if model else []),
+    cmd = [*prefix, sys.executable, "-m", "tandem.cli", "worker", kind, *(["--model", model] if model else []),
            "--host", host, "--port", str(port), "--threads", str(threads), "--device", device, "--dtype", dtype,
            "--metrics-port", str(metrics_port), "--parent-pid", str(os.getpid()), *args]
     if tls:

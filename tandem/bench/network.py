@@ -1,0 +1,103 @@
+"""A tandem cluster across the test bed's hosts (tandem.bench.testbed): the orchestrator (`tandem
+orchestrator`, its Ray Serve app) on host "orchestrator", each draft worker and verifier on a host
+of its own, every orchestrator↔worker link through a delay proxy, Redis beside the orchestrator
+(on its gateway: one hop, no delay). Clients dial the orchestrator's address directly.
+
+    cluster = NetworkCluster(draft_dir, target_dir, drafters=1, verifiers=1, delay_ms=5).start()
+    cluster.address            # the gRPC ingress, "10.B.0.2:9000"
+    cluster.bed.set_delay(20)  # every link, from now on
+    cluster.bed.command("drop draft-0")
+"""
+
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+from tandem.bench.testbed import Testbed
+from tandem.local import spawn_worker, stop_processes
+from tandem.orchestrator.redis_server import EmbeddedRedis
+
+GRPC_PORT = 9000  # each host is a namespace of its own: its ports are free
+READY_S = 180  # Ray's start in a fresh namespace, on a busy small machine
+
+
+class NetworkCluster:
+    def __init__(self, draft_model: str, target_model: str, drafters: int = 1, verifiers: int = 1,
+                 delay_ms: float = 0.0, jitter_ms: float = 0.0, drafter: str = "hybrid",
+                 orchestrator_args: Sequence[str] = (), worker_args: Sequence[str] = (), echo: bool = False) -> None:
+        """drafter: the draft workers' `tandem worker` kind (hybrid, draft, ngram)."""
+        self.models = {"draft": draft_model, "target": target_model}
+        self.workers = [f"draft-{i}" for i in range(drafters)] + [f"target-{i}" for i in range(verifiers)]
+        self.bed = Testbed(["orchestrator", *self.workers])
+        self.delay = (delay_ms, jitter_ms)
+        self.drafter, self.echo = drafter, echo
+        self.orchestrator_args, self.worker_args = tuple(orchestrator_args), tuple(worker_args)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.redis: EmbeddedRedis | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.bed.hosts['orchestrator'].address}:{GRPC_PORT}"
+
+    def start(self) -> "NetworkCluster":
+        try:
+            self.bed.start()
+            self.redis = EmbeddedRedis(password=secrets.token_urlsafe(16), host=self.bed.hosts["orchestrator"].gateway)
+            addresses = {name: self._worker(name) for name in self.workers}
+            links = self.bed.connect({name: ("orchestrator", to) for name, to in addresses.items()}, *self.delay)
+            self._orchestrator([links[n] for n in self.workers if n.startswith("draft")],
+                               [links[n] for n in self.workers if n.startswith("target")])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _worker(self, name: str) -> str:
+        kind = name.split("-")[0]
+        kind = self.drafter if kind == "draft" else kind
+        model = "" if kind == "ngram" else self.models["target" if kind == "target" else "draft"]
+        host = self.bed.hosts[name]
+        proc, address = spawn_worker(kind, model, host.address, 1, "cpu", "float32", echo=self.echo,
+                                     args=self.worker_args, prefix=self.bed.prefix(name))
+        self.procs[name] = proc
+        return address
+
+    def _orchestrator(self, drafts: list[str], targets: list[str]) -> None:
+        host = self.bed.hosts["orchestrator"]
+        cmd = [sys.executable, "-m", "tandem.cli", "orchestrator", "--draft", ",".join(drafts),
+               "--target", ",".join(targets), "--redis-url", self.redis.url, "--tokenizer", self.models["target"],
+               "--host", host.address, "--grpc-port", str(GRPC_PORT), "--http-port", "8000", "--metrics-port", "0",
+               *self.orchestrator_args]
+        proc = self.bed.run("orchestrator", cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.procs["orchestrator"] = proc
+        ready = threading.Event()
+        seen: list[str] = []
+
+        def read() -> None:
+            for line in proc.stdout:  # keep reading, or a full pipe blocks the orchestrator
+                seen.append(line.rstrip())
+                if self.echo:
+                    print(line.rstrip(), flush=True)
+                if "gRPC ingress on port" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(READY_S) or proc.poll() is not None:
+            raise RuntimeError("tandem orchestrator did not start on the test bed:\n" + "\n".join(seen[-20:]))
+
+    def stop(self) -> None:
+        stop_processes(list(self.procs.values()), timeout_s=30)
+        self.procs = {}
+        self.bed.stop()
+        if self.redis:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> "NetworkCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
