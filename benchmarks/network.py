@@ -82,7 +82,8 @@ def sweep(args) -> None:
         start = time.time()
         for i, (delay, workload, in_flight) in enumerate(points):
             cluster.bed.set_delay(delay, args.jitter_ms)
-            batch = [prompts[(i * 7 + j) % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
+            # The same prompts at every delay and workload: points differ only in what they vary.
+            batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
             for mode in rng.sample(modes, len(modes)):
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              args.seed, ignore_eos=True)

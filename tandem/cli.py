@@ -398,16 +398,27 @@ def cmd_generate(args) -> None:
 
 
 def cmd_plan(args) -> None:
+    if args.cluster:
+        _plan_cluster(args)
+        return
     from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
 
+    given = [flag for flag in PLAN_CLUSTER_FLAGS if getattr(args, _dest(flag)) is not None]
+    if given:
+        raise SystemExit(f"tandem plan: {given[0]} needs --cluster")
+    if args.alpha is None:  # required here, not with --cluster (its --costs may hold it): argparse's words
+        args.usage_error("the following arguments are required: --alpha")
+    if args.cost_ratio is None and args.gamma is None:
+        args.usage_error("one of the arguments --cost-ratio --gamma is required")
+    max_gamma = 16 if args.max_gamma is None else args.max_gamma
     if not 0 <= args.alpha <= 1:
         raise SystemExit("tandem plan: --alpha must be in [0, 1]")
-    if args.max_gamma < 0:
+    if max_gamma < 0:
         raise SystemExit("tandem plan: --max-gamma must be >= 0")
     if args.cost_ratio is not None:
         if not args.cost_ratio > 0:  # also refuses NaN
             raise SystemExit("tandem plan: --cost-ratio must be > 0")
-        gamma = best_gamma(args.alpha, args.cost_ratio, args.max_gamma)
+        gamma = best_gamma(args.alpha, args.cost_ratio, max_gamma)
         out = {"gamma": gamma, "tokens_per_step": expected_tokens(args.alpha, gamma),
                "speedup": analytic_speedup(args.alpha, gamma, args.cost_ratio)}
     else:
@@ -419,6 +430,120 @@ def cmd_plan(args) -> None:
     else:
         print(f"gamma {out['gamma']}: {out['tokens_per_step']:.3f} tokens per target pass"
               + (f", speedup {out['speedup']:.3f}x over the target alone" if "speedup" in out else ""))
+
+
+# `tandem plan --cluster`'s own flags, refused without --cluster.
+PLAN_CLUSTER_FLAGS = ("--draft-ms", "--target-ms", "--rtt-ms", "--orchestrator-ms", "--call-ms", "--prompt-tokens",
+                      "--max-batch-tokens", "--sessions", "--verifiers", "--replicas", "--tokens-per-session",
+                      "--max-drafters-per-verifier", "--draft-gpu-cost", "--costs", "--plot", "--seed")
+# Their defaults where a cost flag has none: tandem.capacity.Costs's own.
+PLAN_CLUSTER_DEFAULTS = {"sessions": 64, "verifiers": 4, "replicas": 1, "tokens_per_session": 256,
+                         "max_drafters_per_verifier": 2.0, "draft_gpu_cost": 1.0, "seed": 0}
+# tandem.capacity.Costs's fields, as --costs FILE names them, and the flag that overrides each.
+PLAN_COST_FLAGS = {"draft_pass": "--draft-ms", "target_pass": "--target-ms", "alpha": "--alpha",
+                   "rtt_ms": "--rtt-ms", "orchestrator_ms": "--orchestrator-ms", "call_ms": "--call-ms",
+                   "prompt_tokens": "--prompt-tokens", "max_batch_tokens": "--max-batch-tokens"}
+
+
+def _dest(flag: str) -> str:
+    """The attribute argparse keeps a flag's value in."""
+    return flag[2:].replace("-", "_")
+
+
+def _pass_line(flag: str, text: str) -> tuple[float, float]:
+    """--draft-ms / --target-ms: "INTERCEPT,SLOPE" → (intercept, slope)."""
+    try:
+        intercept, slope = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"tandem plan: {flag} must be INTERCEPT,SLOPE (ms, ms per token), got {text!r}") from None
+    return intercept, slope
+
+
+def _plan_costs(args):
+    """--costs FILE's fields, the flags over them → tandem.capacity.Costs."""
+    from tandem.capacity import Costs, InvalidInput
+
+    values, from_file = {}, set()
+    if args.costs:
+        try:
+            values = json.loads(Path(args.costs).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"tandem plan: --costs {args.costs}: {e}") from None
+        if not isinstance(values, dict):
+            raise SystemExit(f"tandem plan: --costs {args.costs} must hold a JSON object")
+        from_file = set(values)
+    for field, flag in PLAN_COST_FLAGS.items():
+        given = getattr(args, _dest(flag))
+        if given is not None:
+            values[field] = _pass_line(flag, given) if field.endswith("_pass") else given
+            from_file.discard(field)
+    try:
+        return Costs.from_fields(values)
+    except InvalidInput as e:
+        flag = PLAN_COST_FLAGS.get(e.field)
+        if flag is None:
+            raise SystemExit(f"tandem plan: --costs {args.costs}: {e}") from None
+        if e.requirement == "is missing":
+            raise SystemExit(f"tandem plan: --cluster needs {flag} (or {e.field} in --costs)") from None
+        where = f" ({e.field} in {args.costs})" if e.field in from_file else ""
+        raise SystemExit(f"tandem plan: {flag} {e.requirement}{where}") from None
+
+
+def _plan_gammas(args) -> list[int]:
+    """Refuse a cluster flag out of its range (the costs' are tandem.capacity's to check) → the
+    γs to try."""
+    from tandem.capacity import MAX_GAMMA
+
+    checks = [("--sessions", args.sessions >= 1, ">= 1"), ("--verifiers", args.verifiers >= 1, ">= 1"),
+              ("--replicas", args.replicas >= 1, ">= 1"),
+              ("--tokens-per-session", args.tokens_per_session >= 1, ">= 1"),
+              ("--max-drafters-per-verifier", 0 <= args.max_drafters_per_verifier <= 64, "in [0, 64]"),
+              ("--draft-gpu-cost", 0 <= args.draft_gpu_cost < float("inf"), ">= 0")]
+    if args.gamma is not None:
+        checks.append(("--gamma", 0 <= args.gamma <= MAX_GAMMA, f"in [0, {MAX_GAMMA}]"))
+    if args.max_gamma is not None:
+        checks.append(("--max-gamma", 0 <= args.max_gamma <= MAX_GAMMA, f"in [0, {MAX_GAMMA}]"))
+    for flag, ok, requirement in checks:
+        if not ok:  # written as a positive test, so NaN fails it
+            raise SystemExit(f"tandem plan: {flag} must be {requirement}")
+    if args.cost_ratio is not None:
+        raise SystemExit("tandem plan: --cost-ratio is the analytic model's, not --cluster's")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit("tandem plan: --plot needs matplotlib (pip install 'tandem[bench]')")
+    if args.gamma is not None:
+        return [args.gamma]
+    return list(range(0, (8 if args.max_gamma is None else args.max_gamma) + 1))
+
+
+def _plan_cluster(args) -> None:
+    """`tandem plan --cluster`: the simulated cluster's best drafters per verifier and γ."""
+    from dataclasses import asdict as dataclass_dict
+
+    from tandem.capacity import plan_cluster, plot_plan
+
+    for dest, default in PLAN_CLUSTER_DEFAULTS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    costs = _plan_costs(args)
+    gammas = _plan_gammas(args)
+    plan = plan_cluster(costs, args.sessions, args.verifiers, args.max_drafters_per_verifier, gammas, args.replicas,
+                        draft_gpu_cost=args.draft_gpu_cost, tokens_per_session=args.tokens_per_session, seed=args.seed)
+    if args.plot:
+        plot_plan(plan, args.plot)
+    if args.json:
+        print(json.dumps({"costs": dataclass_dict(costs), "sessions": args.sessions, "replicas": args.replicas,
+                          "draft_gpu_cost": args.draft_gpu_cost, **plan.as_dict()}))
+        return
+    print(f"{'drafters/verifier':>17} {'drafters':>8} {'best gamma':>10} {'tokens/s':>10} {'TTFT ms':>8} "
+          f"{'tokens/s per GPU':>16}")
+    for row in plan.best_per_ratio:
+        ttft = "-" if row.prediction.ttft_ms is None else f"{row.prediction.ttft_ms:.1f}"
+        print(f"{row.drafters_per_verifier:>17.3g} {row.drafters:>8} {row.gamma:>10} {row.tokens_per_s:>10.1f} "
+              f"{ttft:>8} {row.tokens_per_s_per_gpu:>16.1f}")
+    best = plan.recommended
+    print(f"recommended: {best.drafters} drafters for {best.verifiers} verifiers, gamma {best.gamma}: "
+          f"{best.tokens_per_s:.1f} tokens/s, {best.tokens_per_s_per_gpu:.1f} per GPU ({best.gpus:g} GPUs)"
+          + (f"; plot in {args.plot}" if args.plot else ""))
 
 
 # --- tandem check ----------------------------------------------------------------------------
@@ -795,14 +920,37 @@ def parser() -> argparse.ArgumentParser:
     distill.add_argument("--checkpoint-minutes", type=float, default=1.0, help="write a checkpoint this often")
     distill.set_defaults(func=cmd_distill, extra="server")
 
-    plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup")
-    plan.add_argument("--alpha", type=float, required=True, help="acceptance rate in [0, 1]")
-    group = plan.add_mutually_exclusive_group(required=True)
+    plan = sub.add_parser("plan", help="the analytic model: best gamma and speedup; with --cluster, a simulated "
+                                        "cluster's best drafters per verifier and gamma")
+    plan.add_argument("--alpha", type=float, help="acceptance rate in [0, 1] (required)")
+    group = plan.add_mutually_exclusive_group()  # one of them is required without --cluster (cmd_plan)
     group.add_argument("--cost-ratio", type=float, help="target time / draft time per token")
-    group.add_argument("--gamma", type=int, help="a fixed draft length")
-    plan.add_argument("--max-gamma", type=int, default=16)
-    plan.add_argument("--json", action="store_true")
-    plan.set_defaults(func=cmd_plan)
+    group.add_argument("--gamma", type=int, help="a fixed draft length (--cluster: the only one tried)")
+    plan.add_argument("--max-gamma", type=int, default=None, help="the longest draft tried (default 16; --cluster: 8)")
+    plan.add_argument("--json", action="store_true", help="one JSON line")
+    cluster = plan.add_argument_group("--cluster", "simulate a cluster of draft workers, verifiers and orchestrator "
+                                                   "replicas (tandem.capacity); --costs FILE, then the flags")
+    cluster.add_argument("--cluster", action="store_true", help="plan a cluster: drafters per verifier and gamma")
+    cluster.add_argument("--costs", metavar="FILE", help="a JSON object of measured costs: draft_pass, target_pass "
+                                                         "([intercept, slope] ms), alpha, rtt_ms, orchestrator_ms, "
+                                                         "call_ms, prompt_tokens, max_batch_tokens")
+    cluster.add_argument("--draft-ms", metavar="INTERCEPT,SLOPE", help="a draft pass: ms + ms per token in it")
+    cluster.add_argument("--target-ms", metavar="INTERCEPT,SLOPE", help="a verify pass: ms + ms per token in it")
+    cluster.add_argument("--rtt-ms", type=float, help="orchestrator-worker round trip (default 0)")
+    cluster.add_argument("--orchestrator-ms", type=float, help="orchestrator CPU per cycle (default 0)")
+    cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes (default 0)")
+    cluster.add_argument("--prompt-tokens", type=int, help="a new session's prefill (default 128)")
+    cluster.add_argument("--max-batch-tokens", type=int, help="tokens per pass at most (default 512)")
+    cluster.add_argument("--sessions", type=int, help="sessions in flight, closed loop (default 64)")
+    cluster.add_argument("--tokens-per-session", type=int, help="tokens a session generates (default 256)")
+    cluster.add_argument("--verifiers", type=int, help="target verifiers (default 4)")
+    cluster.add_argument("--replicas", type=int, help="orchestrator replicas (default 1)")
+    cluster.add_argument("--max-drafters-per-verifier", type=float, help="the most drafters per verifier tried "
+                                                                         "(default 2)")
+    cluster.add_argument("--draft-gpu-cost", type=float, help="a draft worker's GPU, in verifier GPUs (default 1)")
+    cluster.add_argument("--plot", metavar="FILE.png", help="tokens/s against drafters per verifier, a line per gamma")
+    cluster.add_argument("--seed", type=int, help="the simulation's seed (default 0)")
+    plan.set_defaults(func=cmd_plan, usage_error=plan.error)
     return p
 
 

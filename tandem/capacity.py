@@ -1,0 +1,601 @@
+"""Capacity planning for a tandem cluster: a discrete-event simulation of every session's
+draft → verify cycle over shared workers, and a planner that searches drafters per verifier and
+γ with it (`tandem plan --cluster`).
+
+The model. S sessions run at once, closed loop: when one has its `tokens_per_session` tokens a
+new one takes its slot at once. Slot i uses drafter i mod N, verifier i mod M and orchestrator
+replica i mod R. A cycle of a session:
+
+  1. (γ > 0) a draft call: rtt/2 to its drafter, γ steps of 1 token there, call_ms and rtt/2 back;
+  2. a verify call: rtt/2 to its verifier, one step of γ + 1 tokens (a new session's first cycle
+     is its prefill: prompt_tokens, and no draft), call_ms and rtt/2 back;
+  3. orchestrator_ms on its replica's CPU, one cycle at a time per replica (FIFO).
+
+A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
+back to back; a pass takes the next step of the waiting jobs in arrival order, whole, while they
+fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
+tokens). A γ-token draft takes part in γ passes; a job that arrives during a pass waits for the
+next. call_ms is the worker's CPU outside passes, taken to run beside the device (it delays the
+call, not the passes). A drafting cycle accepts k tokens, drawn i.i.d. (each drafted token
+accepted with probability α until the first rejection, k ≤ γ), and outputs k + 1 (a prefill: 1);
+the last cycle of a session outputs only what the session still lacks.
+
+Measuring. Slots start mid-session at uniformly drawn points, their first cycles spread over
+a lone cycle (as a cluster in its steady state has them), and the first thousand cycles (eight
+per session, where that is more) are thrown away. The window then runs in blocks of cycles
+until tokens/s is known to a relative standard error of 0.4 % (batch means: `simulate`). Each
+drafting cycle counts the *expected* output given its γ and what its session still lacks,
+E[min(k + 1, left)], not the drawn k + 1: the draws still decide when sessions end (so prefills
+come as often as they do), but the throughput carries none of their noise (its average is the
+same; Rao-Blackwell). With one session that never ends every cycle is alike, and the result is
+the renewal-reward closed form exactly (`closed_form_tokens_per_s`). Deterministic for a seed.
+
+What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
+prefill of the prompt and its catch-up on a session's first draft call, draft-ahead (drafting the
+next block while this one is verified), adaptive γ (γ is fixed per run; the last cycle does not
+shorten its draft to what the session lacks), token trees, the workers' holding of expected
+sessions, network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
+tandem's γ policy keeps per worker: orchestrator/policy.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import statistics
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+
+from tandem.math.analytic import expected_tokens
+
+MAX_GAMMA = 16
+# The window (simulate's docstring): cycles thrown away first, and blocks of cycles measured
+# until tokens/s is known to PRECISION (relative standard error), or MAX_CYCLES were measured.
+WARMUP_CYCLES, WARMUP_PER_SESSION = 1000, 8
+BLOCK_CYCLES, BLOCK_PER_SESSION = 500, 4
+MIN_BLOCKS = 10
+PRECISION = 0.004
+MAX_CYCLES = 30_000
+# Drafters per verifier the planner tries (up to its maximum, and the maximum itself).
+RATIOS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+class InvalidInput(ValueError):
+    """A cost or topology out of its range; `field` names it (the CLI names its flag)."""
+
+    def __init__(self, field: str, requirement: str) -> None:
+        super().__init__(f"{field} {requirement}")
+        self.field, self.requirement = field, requirement
+
+
+def _require(ok: bool, field: str, requirement: str) -> None:
+    if not ok:  # written as a positive test, so NaN fails it
+        raise InvalidInput(field, requirement)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Costs:
+    """What the work costs, in ms, as measured: a pass is intercept + slope · its tokens."""
+
+    draft_pass: tuple[float, float]
+    target_pass: tuple[float, float]
+    alpha: float  # the i.i.d. chance that a drafted token is accepted
+    rtt_ms: float = 0.0  # orchestrator ↔ worker round trip, once per call
+    orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
+    call_ms: float = 0.0  # a worker's CPU per call outside its passes
+    prompt_tokens: int = 128  # a new session's prefill
+    max_batch_tokens: int = 512  # the most tokens one pass takes
+
+    def __post_init__(self) -> None:
+        for name in ("draft_pass", "target_pass"):
+            line = getattr(self, name)
+            _require(len(line) == 2 and all(0 <= x < math.inf for x in line), name,
+                     "must be (intercept, slope), both >= 0")
+        _require(sum(self.target_pass) > 0, "target_pass", "must cost > 0 (intercept + slope)")
+        _require(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
+        for name in ("rtt_ms", "orchestrator_ms", "call_ms"):
+            _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
+        for name in ("prompt_tokens", "max_batch_tokens"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
+
+    @classmethod
+    def from_fields(cls, values: dict) -> Costs:
+        """From a mapping of field names to values, as a JSON object holds them (lists for the
+        pass lines); a name that is no field, a missing one or a value of the wrong kind is an
+        InvalidInput that names it."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise InvalidInput(unknown[0], f"is not a cost (they are {', '.join(known)})")
+        missing = [n for n in ("draft_pass", "target_pass", "alpha") if n not in values]
+        if missing:
+            raise InvalidInput(missing[0], "is missing")
+        return cls(**{name: _kind(name, known[name].type, value) for name, value in values.items()})
+
+
+def _kind(name: str, kind: str, value):
+    """A value as its field's type (the dataclass's annotation, a string here): a pass line is
+    two numbers, a float a number, an int an integer; bools are neither."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if kind.startswith("tuple"):
+        _require(isinstance(value, (list, tuple)) and len(value) == 2 and all(map(number, value)), name,
+                 "must be (intercept, slope), two numbers")
+        return float(value[0]), float(value[1])
+    if kind == "int":
+        _require(number(value) and math.isfinite(value) and value == int(value), name, "must be an integer")
+        return int(value)
+    _require(number(value), name, "must be a number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The topology: workers, orchestrator replicas, and sessions in flight (closed loop)."""
+
+    drafters: int
+    verifiers: int
+    sessions: int
+    replicas: int = 1
+    tokens_per_session: int = 256
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.drafters, int) and self.drafters >= 0, "drafters", "must be an integer >= 0")
+        for name in ("verifiers", "sessions", "replicas", "tokens_per_session"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a cluster does in its steady state, over the measured window."""
+
+    tokens_per_s: float  # all sessions' output
+    tokens_per_s_se: float  # its standard error (batch means: simulate's docstring)
+    per_session_tokens_per_s: float  # a slot's, prefills included
+    ttft_ms: float | None  # mean time to first token (None: no session started in the window)
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    cycle_ms: float | None  # mean wall time of a decoding cycle, prefills aside
+    drafter_utilization: float | None  # busy fraction, averaged over drafters (None: no drafters)
+    verifier_utilization: float
+    tokens_per_verify_pass: float
+    cycles: int  # measured
+    window_ms: float
+
+
+@dataclass(frozen=True)
+class Window:
+    """How long a run is: warmup_cycles thrown away, then blocks of block_cycles measured until
+    tokens/s has a relative standard error within precision or max_cycles were measured."""
+
+    warmup_cycles: int
+    block_cycles: int
+    precision: float = PRECISION
+    max_cycles: int = MAX_CYCLES
+
+    @classmethod
+    def for_cluster(cls, cluster: Cluster, precision: float = PRECISION) -> Window:
+        """The default: a few cycles per session at least, so that every slot has moved on."""
+        return cls(max(WARMUP_CYCLES, WARMUP_PER_SESSION * cluster.sessions),
+                   max(BLOCK_CYCLES, BLOCK_PER_SESSION * cluster.sessions), precision)
+
+    def __post_init__(self) -> None:
+        _require(self.warmup_cycles >= 0, "warmup_cycles", "must be >= 0")
+        _require(self.block_cycles >= 1, "block_cycles", "must be >= 1")
+        _require(self.precision >= 0, "precision", "must be >= 0")
+        _require(self.max_cycles >= self.block_cycles, "max_cycles", "must be >= block_cycles")
+
+
+def lone_cycle_ms(costs: Costs, gamma: int) -> float:
+    """A decoding cycle's wall time with nothing else in the cluster: γ one-token draft passes,
+    a verify pass of γ + 1 tokens, a round trip and a call per worker call, the orchestrator."""
+    a_d, b_d = costs.draft_pass
+    a_v, b_v = costs.target_pass
+    calls = 2 if gamma > 0 else 1
+    return (gamma * (a_d + b_d) + a_v + b_v * (gamma + 1) + calls * (costs.rtt_ms + costs.call_ms)
+            + costs.orchestrator_ms)
+
+
+def closed_form_tokens_per_s(costs: Costs, gamma: int) -> float:
+    """One session alone on its drafter, verifier and replica, never ending: each cycle takes
+    lone_cycle_ms and yields expected_tokens(α, γ) on average, so (renewal-reward) tokens/s is
+    their ratio."""
+    return 1e3 * expected_tokens(costs.alpha, gamma) / lone_cycle_ms(costs, gamma)
+
+
+def _accepted(rng: random.Random, alpha: float, gamma: int) -> int:
+    """k, the drafted tokens accepted: P(k >= j) = α^j for j <= γ (one uniform draw, inverted)."""
+    if alpha <= 0.0 or gamma == 0:
+        return 0
+    if alpha >= 1.0:
+        return gamma
+    return min(gamma, int(math.log(1.0 - rng.random()) / math.log(alpha)))
+
+
+# --- the simulation --------------------------------------------------------------------------
+
+_ARRIVE, _PASS_END, _CYCLE_END, _START = range(4)
+
+
+class _Worker:
+    """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step]),
+    the pass it runs, and what it did in the window."""
+
+    __slots__ = ("drafts", "intercept", "slope", "cap", "waiting", "batch", "pass_start", "busy_ms", "passes",
+                 "tokens")
+
+    def __init__(self, drafts: bool, line: tuple[float, float], cap: int) -> None:
+        self.drafts = drafts
+        self.intercept, self.slope = line
+        self.cap = cap
+        self.waiting: list[list[int]] = []
+        self.batch: list[list[int]] | None = None  # None: idle
+        self.pass_start = 0.0
+        self.busy_ms, self.passes, self.tokens = 0.0, 0, 0
+
+    def pick(self) -> int:
+        """Move the next pass's jobs from waiting to batch, as tandem.services.batching picks
+        them (arrival order, whole steps within the budget, the first always) → its tokens."""
+        batch, rest, tokens = [], [], 0
+        for job in self.waiting:
+            if not batch or tokens + job[3] <= self.cap:
+                batch.append(job)
+                tokens += job[3]
+            else:
+                rest.append(job)
+        self.batch, self.waiting = batch, rest
+        return tokens
+
+
+class _Run:
+    """One simulation: a heap of (time, seq, kind, what) events, handled in time order."""
+
+    def __init__(self, costs: Costs, cluster: Cluster, gamma: int, seed: int) -> None:
+        self.costs, self.cluster, self.gamma = costs, cluster, gamma
+        self.rng = random.Random(seed)
+        self.drafters = [_Worker(True, costs.draft_pass, costs.max_batch_tokens) for _ in range(cluster.drafters)]
+        self.verifiers = [_Worker(False, costs.target_pass, costs.max_batch_tokens) for _ in range(cluster.verifiers)]
+        self.replica_free = [0.0] * cluster.replicas
+        self.half_rtt = costs.rtt_ms / 2
+        # E[min(k + 1, left)] = expected_tokens(α, left - 1) while left <= γ + 1 (the module's docstring).
+        self.expected = [0.0] + [expected_tokens(costs.alpha, min(n - 1, gamma)) for n in range(1, gamma + 2)]
+        self.heap: list = []
+        self.tick = itertools.count().__next__  # ties in time go in the order they were made
+        self.now = 0.0
+        s = cluster.sessions
+        self.left = [0] * s  # tokens the slot's session still lacks
+        self.prefill = [False] * s  # whether its next cycle is its prefill
+        self.started = [0.0] * s  # when its session began
+        self.cycle_start = [0.0] * s
+        self.measuring, self.t0 = False, 0.0
+        self.cycles, self.output = 0, 0.0
+        self.blocks: list[tuple[float, float]] = []  # (output, ms) of each block of the window
+        self.block_start = (0.0, 0.0)  # (time, output) where the current block began
+        self.ttfts: list[float] = []
+        self.cycle_ms_sum, self.steady_cycles = 0.0, 0
+
+    def at(self, t: float, kind: int, what) -> None:
+        heapq.heappush(self.heap, (t, self.tick(), kind, what))
+
+    # -- a session's cycle
+
+    def start_cycle(self, slot: int) -> None:
+        self.cycle_start[slot] = self.now
+        t = self.now + self.half_rtt
+        if self.prefill[slot]:
+            self.at(t, _ARRIVE, (self.verifiers[slot % len(self.verifiers)], slot, 1, self.costs.prompt_tokens))
+        elif self.gamma > 0:
+            self.at(t, _ARRIVE, (self.drafters[slot % len(self.drafters)], slot, self.gamma, 1))
+        else:
+            self.at(t, _ARRIVE, (self.verifiers[slot % len(self.verifiers)], slot, 1, 1))
+
+    def job_done(self, worker: _Worker, slot: int) -> None:
+        back = self.now + self.costs.call_ms + self.half_rtt
+        if worker.drafts:
+            # The orchestrator sends the block on to the verifier as soon as it has it.
+            verifier = self.verifiers[slot % len(self.verifiers)]
+            self.at(back + self.half_rtt, _ARRIVE, (verifier, slot, 1, self.gamma + 1))
+        else:
+            self.orchestrate(slot, back)
+
+    def orchestrate(self, slot: int, back: float) -> None:
+        """The verify answer reaches the replica at `back`: its CPU runs the cycles in turn.
+        Every answer takes as long to come back, and passes end in time order, so answers
+        reach a replica in the order this is called: its queue is a running "free at"."""
+        replica = slot % len(self.replica_free)
+        done = max(back, self.replica_free[replica]) + self.costs.orchestrator_ms
+        self.replica_free[replica] = done
+        self.at(done, _CYCLE_END, slot)
+
+    def end_cycle(self, slot: int) -> None:
+        self.cycles += 1
+        if self.prefill[slot]:
+            self.prefill[slot] = False
+            self.left[slot] -= 1
+            if self.measuring:
+                self.output += 1.0
+                self.ttfts.append(self.now - self.started[slot])
+        else:
+            left = self.left[slot]
+            if self.measuring:
+                self.output += self.expected[min(left, self.gamma + 1)]
+                self.cycle_ms_sum += self.now - self.cycle_start[slot]
+                self.steady_cycles += 1
+            self.left[slot] = left - min(left, _accepted(self.rng, self.costs.alpha, self.gamma) + 1)
+        if self.left[slot] == 0:  # the next session takes the slot at once
+            self.left[slot] = self.cluster.tokens_per_session
+            self.prefill[slot] = True
+            self.started[slot] = self.now
+        self.start_cycle(slot)
+
+    # -- a worker's passes
+
+    def arrive(self, worker: _Worker, slot: int, steps: int, tokens: int) -> None:
+        worker.waiting.append([self.tick(), slot, steps, tokens])
+        if worker.batch is None:
+            self.start_pass(worker)
+
+    def start_pass(self, worker: _Worker) -> None:
+        tokens = worker.pick()
+        worker.pass_start = self.now
+        if self.measuring:
+            worker.passes += 1
+            worker.tokens += tokens
+        self.at(self.now + worker.intercept + worker.slope * tokens, _PASS_END, worker)
+
+    def end_pass(self, worker: _Worker) -> None:
+        if self.measuring:
+            worker.busy_ms += self.now - max(worker.pass_start, self.t0)
+        going_on = []
+        for job in worker.batch:
+            job[2] -= 1
+            if job[2]:
+                going_on.append(job)
+            else:
+                self.job_done(worker, job[1])
+        worker.batch = None
+        if going_on:  # back among the waiting in arrival order (most often all older than them)
+            waiting = worker.waiting
+            worker.waiting = going_on + waiting if not waiting or going_on[-1][0] < waiting[0][0] else sorted(
+                going_on + waiting)
+        if worker.waiting:
+            self.start_pass(worker)
+
+    # -- the run
+
+    def seed_slots(self) -> None:
+        """Every slot mid-session at a uniformly drawn point (a fresh session where it draws 0),
+        its first cycle starting at a uniformly drawn time within a lone cycle: slots that all
+        started at once would move as one cohort for thousands of cycles."""
+        tokens = self.cluster.tokens_per_session
+        spread = lone_cycle_ms(self.costs, self.gamma)
+        for slot in range(self.cluster.sessions):
+            done = self.rng.randrange(tokens)
+            self.left[slot] = tokens - done
+            self.prefill[slot] = done == 0
+            self.started[slot] = self.rng.random() * spread
+            self.at(self.started[slot], _START, slot)
+
+    def begin_window(self) -> None:
+        self.measuring, self.t0 = True, self.now
+        self.cycles = 0
+        self.block_start = (self.now, 0.0)
+
+    def end_block(self) -> None:
+        t, output = self.block_start
+        self.blocks.append((self.output - output, self.now - t))
+        self.block_start = (self.now, self.output)
+
+    def precise(self, precision: float) -> bool:
+        """Whether the window's tokens/s has a relative standard error within precision."""
+        return (len(self.blocks) >= MIN_BLOCKS
+                and self.standard_error() <= precision * self.output / (self.now - self.t0))
+
+    def standard_error(self) -> float:
+        """Of the window's tokens per ms, by batch means: the blocks joined into MIN_BLOCKS
+        batches of consecutive blocks (longer as the window grows, so that batches outlast the
+        cohorts' patterns), whose rates are taken as independent."""
+        n = len(self.blocks)
+        if n < 2:
+            return 0.0
+        size = max(1, n // MIN_BLOCKS)
+        batches = [self.blocks[i:i + size] for i in range(0, n - n % size, size)]
+        rates = [sum(o for o, _ in b) / sum(t for _, t in b) for b in batches]
+        return statistics.stdev(rates) / math.sqrt(len(rates))
+
+    def run(self, window: Window) -> Prediction:
+        self.seed_slots()
+        if window.warmup_cycles == 0:
+            self.begin_window()
+        heap, pop = self.heap, heapq.heappop
+        while True:
+            self.now, _, kind, what = pop(heap)
+            if kind == _ARRIVE:
+                self.arrive(*what)
+            elif kind == _PASS_END:
+                self.end_pass(what)
+            elif kind == _START:
+                self.start_cycle(what)
+            else:
+                self.end_cycle(what)
+                if not self.measuring:
+                    if self.cycles >= window.warmup_cycles:
+                        self.begin_window()
+                elif self.cycles % window.block_cycles == 0:
+                    self.end_block()
+                    if self.precise(window.precision) or self.cycles >= window.max_cycles:
+                        return self.prediction()
+
+    def prediction(self) -> Prediction:
+        window = self.now - self.t0
+        for worker in self.drafters + self.verifiers:  # the passes still running count up to now
+            if worker.batch is not None:
+                worker.busy_ms += self.now - max(worker.pass_start, self.t0)
+        tokens_per_s = 1e3 * self.output / window
+        ttfts = sorted(self.ttfts)
+        verify_passes = sum(v.passes for v in self.verifiers)
+        return Prediction(
+            tokens_per_s=tokens_per_s,
+            tokens_per_s_se=1e3 * self.standard_error(),
+            per_session_tokens_per_s=tokens_per_s / self.cluster.sessions,
+            ttft_ms=statistics.fmean(ttfts) if ttfts else None,
+            ttft_p50_ms=_quantile(ttfts, 0.5),
+            ttft_p90_ms=_quantile(ttfts, 0.9),
+            cycle_ms=self.cycle_ms_sum / self.steady_cycles if self.steady_cycles else None,
+            drafter_utilization=_utilization(self.drafters, window),
+            verifier_utilization=_utilization(self.verifiers, window),
+            tokens_per_verify_pass=sum(v.tokens for v in self.verifiers) / verify_passes if verify_passes else 0.0,
+            cycles=self.cycles,
+            window_ms=window,
+        )
+
+
+def _utilization(workers: list[_Worker], window_ms: float) -> float | None:
+    """The workers' mean busy fraction (None: there are none)."""
+    return sum(w.busy_ms for w in workers) / (len(workers) * window_ms) if workers else None
+
+
+def _quantile(ordered: list[float], q: float) -> float | None:
+    """The q-quantile of sorted values, interpolated (None when there are none)."""
+    if not ordered:
+        return None
+    x = q * (len(ordered) - 1)
+    i = int(x)
+    j = min(i + 1, len(ordered) - 1)
+    return ordered[i] + (ordered[j] - ordered[i]) * (x - i)
+
+
+def simulate(costs: Costs, cluster: Cluster, gamma: int, *, seed: int = 0, window: Window | None = None) -> Prediction:
+    """The cluster's steady state at a fixed γ, deterministic for a seed.
+
+    One run, measured by batch means: its window is cut into blocks of cycles, and it ends once
+    the blocks' tokens/s vary little enough for the window's mean to be known to
+    window.precision (relative standard error; 0.4 % by default, so that runs of different seeds
+    agree within about 1 %). Sessions sharing workers fall into cohorts that regroup as sessions
+    end, and a prefill shakes a pass, so a busy cluster needs a longer window than a quiet one
+    (a few thousand cycles alone, tens of thousands where a saturated worker's cohorts keep
+    regrouping); max_cycles bounds it, and tokens_per_s_se says how well the window knew its
+    rate."""
+    _require(isinstance(gamma, int) and 0 <= gamma <= MAX_GAMMA, "gamma", f"must be an integer in [0, {MAX_GAMMA}]")
+    _require(gamma == 0 or cluster.drafters >= 1, "drafters", "must be >= 1 to draft (gamma > 0)")
+    return _Run(costs, cluster, gamma, seed).run(window or Window.for_cluster(cluster))
+
+
+# --- the planner -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One configuration the planner simulated."""
+
+    drafters: int
+    verifiers: int
+    gamma: int
+    gpus: float  # verifiers + draft_gpu_cost · drafters, in verifier GPUs
+    prediction: Prediction
+
+    @property
+    def drafters_per_verifier(self) -> float:
+        return self.drafters / self.verifiers
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.prediction.tokens_per_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.prediction.tokens_per_s / self.gpus
+
+    def as_dict(self) -> dict:
+        return {"drafters": self.drafters, "verifiers": self.verifiers,
+                "drafters_per_verifier": self.drafters_per_verifier, "gamma": self.gamma, "gpus": self.gpus,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, **asdict(self.prediction)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every configuration simulated, the best γ for each drafter count, and the recommendation."""
+
+    rows: tuple[PlanRow, ...]
+    best_per_ratio: tuple[PlanRow, ...]  # per drafter count (ascending), its γ with the most tokens/s
+    recommended: PlanRow  # the most tokens/s per GPU
+
+    def as_dict(self) -> dict:
+        return {"recommended": self.recommended.as_dict(),
+                "best_per_ratio": [r.as_dict() for r in self.best_per_ratio],
+                "rows": [r.as_dict() for r in self.rows]}
+
+
+def drafter_counts(verifiers: int, max_drafters_per_verifier: float) -> list[int]:
+    """The drafter counts to try: 0, then round(ratio · verifiers) (at least 1) for each of
+    RATIOS up to the maximum, and the maximum itself; each count once."""
+    ratios = [r for r in RATIOS if 0 < r <= max_drafters_per_verifier]
+    if max_drafters_per_verifier > 0:
+        ratios.append(max_drafters_per_verifier)
+    counts = [0]
+    for ratio in ratios:
+        n = max(1, round(ratio * verifiers))
+        if n not in counts:
+            counts.append(n)
+    return sorted(counts)
+
+
+def plan_cluster(costs: Costs, sessions: int, verifiers: int, max_drafters_per_verifier: float = 2.0,
+                 gammas: Iterable[int] = range(0, 9), replicas: int = 1, *, draft_gpu_cost: float = 1.0,
+                 tokens_per_session: int = 256, seed: int = 0, precision: float = PRECISION) -> Plan:
+    """Simulate every drafter count (drafter_counts) with every γ > 0 of gammas, and plain target
+    decoding once, with no drafters (γ = 0 would leave drafters idle, so it is not tried with
+    them, whatever gammas holds); recommend the configuration with the most tokens/s per GPU,
+    drafters weighed by draft_gpu_cost (the fewest GPUs, then the shortest γ, on a tie). Every
+    run has the same seed."""
+    gammas = sorted(set(gammas))
+    _require(bool(gammas) and all(isinstance(g, int) and 0 <= g <= MAX_GAMMA for g in gammas), "gammas",
+             f"must be integers in [0, {MAX_GAMMA}]")
+    _require(max_drafters_per_verifier >= 0, "max_drafters_per_verifier", "must be >= 0")
+    _require(draft_gpu_cost >= 0, "draft_gpu_cost", "must be >= 0")
+    rows = []
+    for drafters in drafter_counts(verifiers, max_drafters_per_verifier):
+        cluster = Cluster(drafters, verifiers, sessions, replicas, tokens_per_session)
+        for gamma in ([0] if drafters == 0 else [g for g in gammas if g > 0]):
+            prediction = simulate(costs, cluster, gamma, seed=seed, window=Window.for_cluster(cluster, precision))
+            rows.append(PlanRow(drafters, verifiers, gamma, verifiers + draft_gpu_cost * drafters, prediction))
+    best_per_ratio = [max((r for r in rows if r.drafters == drafters), key=lambda r: (r.tokens_per_s, -r.gamma))
+                      for drafters in sorted({r.drafters for r in rows})]
+    recommended = max(rows, key=lambda r: (r.tokens_per_s_per_gpu, -r.gpus, -r.gamma))
+    return Plan(tuple(rows), tuple(best_per_ratio), recommended)
+
+
+def plot_plan(plan: Plan, path: str) -> None:
+    """tokens/s against drafters per verifier, a line per γ (plain decoding a dashed level), the
+    recommendation marked; to a PNG. matplotlib is the bench extra's, so it loads only here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = sorted({r.drafters_per_verifier for r in plan.rows})
+    where = {ratio: i for i, ratio in enumerate(ratios)}  # evenly spaced: the ratios double
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for gamma in sorted({r.gamma for r in plan.rows if r.gamma > 0}):
+        line = sorted((r for r in plan.rows if r.gamma == gamma), key=lambda r: r.drafters)
+        ax.plot([where[r.drafters_per_verifier] for r in line], [r.tokens_per_s for r in line], marker="o",
+                label=f"γ = {gamma}")
+    for r in plan.rows:
+        if r.gamma == 0:
+            ax.axhline(r.tokens_per_s, color="gray", linestyle="--", label="γ = 0 (no drafters)")
+    best = plan.recommended
+    ax.plot([where[best.drafters_per_verifier]], [best.tokens_per_s], marker="*", markersize=18, color="black",
+            linestyle="none", label=f"recommended: {best.drafters} drafters, γ = {best.gamma}")
+    ax.set_xticks(range(len(ratios)), [f"{x:g}" for x in ratios])
+    ax.set_xlabel(f"drafters per verifier ({best.verifiers} verifiers)")
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,277 @@
+"""tandem.capacity: the cluster simulation against closed forms, its answers under contention,
+the planner's answer for one input, and `tandem plan --cluster`."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tandem.capacity import (Cluster, Costs, InvalidInput, Window, closed_form_tokens_per_s, drafter_counts,
+                             lone_cycle_ms, plan_cluster, simulate)
+from tandem.cli import main
+from tandem.math.analytic import expected_tokens
+
+ENDLESS = 10**9  # tokens per session: the session never ends, so no prefill after the first
+# A CPU-like pair (a verify token is dear), used where contention matters.
+BUSY = Costs(draft_pass=(1.0, 0.05), target_pass=(8.0, 0.3), alpha=0.7, rtt_ms=2.0, orchestrator_ms=0.2)
+
+
+def lone(costs: Costs, gamma: int, tokens_per_session: int = ENDLESS, **window):
+    return simulate(costs, Cluster(1 if gamma else 0, 1, 1, tokens_per_session=tokens_per_session), gamma,
+                    window=Window(**window) if window else None)
+
+
+# --- one session alone: closed forms -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("alpha, gamma, rtt_ms", [(0.8, 4, 1.0), (0.8, 0, 1.0), (0.0, 3, 0.5), (0.0, 0, 0.0),
+                                                  (0.6, 1, 10.0), (0.9, 8, 0.0), (1.0, 5, 3.0), (0.5, 16, 25.0)])
+def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms):
+    costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=alpha, rtt_ms=rtt_ms, orchestrator_ms=0.5,
+                  call_ms=0.3)
+    expected = closed_form_tokens_per_s(costs, gamma)
+    calls = 2 if gamma else 1
+    cycle = gamma * 2.02 + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3) + 0.5  # the brief's formula, by hand
+    assert expected == pytest.approx(1e3 * expected_tokens(alpha, gamma) / cycle, rel=1e-12)
+    got = lone(costs, gamma)
+    # Exact but for rounding: every cycle is alike, and a cycle counts its expected output.
+    assert got.tokens_per_s == pytest.approx(expected, rel=1e-9)
+    assert got.cycle_ms == pytest.approx(cycle, rel=1e-9)
+    assert got.verifier_utilization == pytest.approx((20.0 + 0.1 * (gamma + 1)) / cycle, rel=1e-6)
+    if gamma:
+        assert got.drafter_utilization == pytest.approx(gamma * 2.02 / cycle, rel=1e-6)
+    else:
+        assert got.drafter_utilization is None
+    assert got.tokens_per_verify_pass == gamma + 1
+    assert got.per_session_tokens_per_s == got.tokens_per_s
+
+
+def _cycles_for(tokens: int, alpha: float, gamma: int) -> float:
+    """Expected drafting cycles to produce `tokens` tokens, a cycle yielding min(k + 1, what is
+    left) with P(k = j) = α^j (1 − α) below γ and α^γ at γ."""
+    p = [alpha**j * (1 - alpha) for j in range(gamma)] + [alpha**gamma]
+    cycles = [0.0]
+    for left in range(1, tokens + 1):
+        cycles.append(1 + sum(pj * cycles[left - min(j + 1, left)] for j, pj in enumerate(p)))
+    return cycles[tokens]
+
+
+@pytest.mark.parametrize("alpha, gamma, tokens", [(0.7, 3, 16), (0.9, 6, 40)])
+def test_sessions_that_end_follow_the_draws(alpha, gamma, tokens):
+    """A session of T tokens: a prefill (its TTFT), then drafting cycles until it has T; tokens/s
+    is T over their expected time (renewal-reward), which only the right draws of k give."""
+    costs = Costs(draft_pass=(1.0, 0.1), target_pass=(10.0, 0.05), alpha=alpha, rtt_ms=2.0, orchestrator_ms=0.4,
+                  prompt_tokens=100)
+    prefill_ms = 2.0 + 10.0 + 0.05 * 100 + 0.4
+    session_ms = prefill_ms + _cycles_for(tokens - 1, alpha, gamma) * lone_cycle_ms(costs, gamma)
+    got = lone(costs, gamma, tokens, warmup_cycles=1000, block_cycles=1000, precision=0.0, max_cycles=100_000)
+    assert got.tokens_per_s == pytest.approx(1e3 * tokens / session_ms, rel=0.01)
+    assert got.ttft_ms == pytest.approx(prefill_ms) and got.ttft_p90_ms == pytest.approx(prefill_ms)
+
+
+def test_a_pass_takes_whole_steps_within_its_budget():
+    few = replace(BUSY, max_batch_tokens=3, prompt_tokens=2)
+    cluster = Cluster(0, 1, 8)
+    assert simulate(few, cluster, 0).tokens_per_verify_pass <= 3
+    assert simulate(replace(few, max_batch_tokens=512), cluster, 0).tokens_per_verify_pass > 3
+    # A prefill longer than the budget still runs, whole and alone.
+    long = lone(replace(BUSY, max_batch_tokens=16, prompt_tokens=100), 2, 64)
+    assert long.ttft_ms == pytest.approx(2.0 + 8.0 + 0.3 * 100 + 0.2)
+
+
+def test_deterministic_for_a_seed():
+    cluster = Cluster(1, 2, 16, tokens_per_session=64)
+    assert simulate(BUSY, cluster, 3, seed=5) == simulate(BUSY, cluster, 3, seed=5)
+    other = simulate(BUSY, cluster, 3, seed=6)
+    assert other != simulate(BUSY, cluster, 3, seed=5)
+    assert other.tokens_per_s == pytest.approx(simulate(BUSY, cluster, 3, seed=5).tokens_per_s, rel=0.015)
+
+
+# --- contention ------------------------------------------------------------------------------
+
+
+def _no_lower(values: list, noise: float = 3.0) -> None:
+    """Each prediction's tokens/s at least the one before's, within `noise` standard errors."""
+    for before, after in zip(values, values[1:]):
+        assert after.tokens_per_s >= before.tokens_per_s - noise * (before.tokens_per_s_se + after.tokens_per_s_se)
+
+
+@pytest.mark.parametrize("gamma", [0, 4])
+def test_more_verifiers_never_lower_tokens_per_s(gamma):
+    got = [simulate(BUSY, Cluster(2 if gamma else 0, verifiers, 32), gamma) for verifiers in (1, 2, 3, 4, 8)]
+    _no_lower(got)
+    assert got[-1].tokens_per_s > 1.5 * got[0].tokens_per_s  # the verifiers were the bottleneck
+    assert got[0].verifier_utilization > 0.99
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_a_longer_round_trip_never_raises_tokens_per_s(gamma):
+    got = [simulate(replace(BUSY, rtt_ms=rtt), Cluster(1, 2, 16), gamma) for rtt in (40.0, 20.0, 10.0, 5.0, 1.0, 0.0)]
+    _no_lower(got)
+    assert got[0].tokens_per_s < 0.7 * got[-1].tokens_per_s
+
+
+def test_a_long_round_trip_drafts_no_shorter():
+    """The round trip is paid per cycle: longer blocks amortize it, so the best γ does not fall."""
+    def best_gamma(rtt_ms: float) -> int:
+        got = {g: simulate(replace(BUSY, rtt_ms=rtt_ms), Cluster(1, 2, 16), g).tokens_per_s for g in range(1, 9)}
+        return max(got, key=got.get)
+
+    near, far = best_gamma(0.0), best_gamma(50.0)
+    assert far >= near and far >= near + 2, (near, far)
+
+
+def test_the_orchestrator_caps_a_replica():
+    """64 sessions on 0.5 ms of orchestrator CPU a cycle: at most 2,000 cycles/s per replica."""
+    costs = replace(BUSY, orchestrator_ms=0.5, target_pass=(2.0, 0.001), rtt_ms=0.0)
+    one, two = (simulate(costs, Cluster(0, 8, 64, replicas=r), 0).tokens_per_s for r in (1, 2))
+    assert one == pytest.approx(2000.0, rel=0.01)
+    assert two > 1.5 * one
+
+
+# --- the planner -----------------------------------------------------------------------------
+
+
+def test_drafter_counts():
+    assert drafter_counts(4, 2.0) == [0, 1, 2, 4, 8]
+    assert drafter_counts(1, 2.0) == [0, 1, 2]
+    assert drafter_counts(8, 0.5) == [0, 1, 2, 4]
+    assert drafter_counts(3, 1.5) == [0, 1, 2, 3, 4]  # 1.5 · 3 = 4.5 rounds to 4
+    assert drafter_counts(4, 0.0) == [0]
+
+
+GOLDEN = Costs(draft_pass=(2.0, 0.05), target_pass=(10.0, 0.2), alpha=0.6, rtt_ms=1.0, orchestrator_ms=0.2,
+               prompt_tokens=64)
+
+
+def test_plan_golden_numbers():
+    plan = plan_cluster(GOLDEN, sessions=16, verifiers=2, max_drafters_per_verifier=1.0, gammas=range(0, 7),
+                        tokens_per_session=128)
+    assert [(r.drafters, r.gamma) for r in plan.rows] == [(0, 0)] + [(n, g) for n in (1, 2) for g in range(1, 7)]
+    assert [(r.drafters, r.gamma) for r in plan.best_per_ratio] == [(0, 0), (1, 3), (2, 3)]
+    best = plan.recommended
+    assert (best.drafters, best.verifiers, best.gamma, best.gpus) == (1, 2, 3, 3.0)
+    assert best.tokens_per_s == pytest.approx(1224.394604480879, rel=1e-9)
+    assert best.tokens_per_s_per_gpu == pytest.approx(408.1315348269597, rel=1e-9)
+    assert best.prediction.ttft_ms == pytest.approx(39.18584337349267, rel=1e-9)
+    assert plan.rows[0].tokens_per_s == pytest.approx(714.4012003052856, rel=1e-9)
+    assert best.tokens_per_s_per_gpu == max(r.tokens_per_s_per_gpu for r in plan.rows)
+
+
+def test_dear_draft_gpus_recommend_none():
+    plan = plan_cluster(GOLDEN, sessions=16, verifiers=2, max_drafters_per_verifier=1.0, gammas=[3],
+                        tokens_per_session=128, draft_gpu_cost=3.0)
+    assert (plan.recommended.drafters, plan.recommended.gamma) == (0, 0)
+    assert plan.rows[1].gpus == 2 + 3.0
+
+
+def test_bad_inputs_name_their_field():
+    with pytest.raises(InvalidInput, match="rtt_ms must be >= 0"):
+        replace(BUSY, rtt_ms=-1.0)
+    with pytest.raises(InvalidInput, match="alpha"):
+        replace(BUSY, alpha=float("nan"))
+    with pytest.raises(InvalidInput, match="drafters must be >= 1 to draft"):
+        simulate(BUSY, Cluster(0, 1, 1), 2)
+    with pytest.raises(InvalidInput, match="gammas"):
+        plan_cluster(BUSY, 4, 1, gammas=[17])
+    with pytest.raises(InvalidInput, match="sessions"):
+        Cluster(1, 1, 0)
+
+
+# --- tandem plan --cluster ---------------------------------------------------------------------
+
+SMALL = ["plan", "--cluster", "--draft-ms", "1,0.05", "--target-ms", "8,0.3", "--alpha", "0.7", "--rtt-ms", "2",
+         "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1", "--max-gamma", "3",
+         "--tokens-per-session", "64"]
+
+
+def run_json(capsys, *args: str) -> dict:
+    main([*args, "--json"])
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1, out  # one JSON line
+    return json.loads(out)
+
+
+def test_cli_json(capsys):
+    out = run_json(capsys, *SMALL)
+    assert set(out) == {"costs", "sessions", "replicas", "draft_gpu_cost", "recommended", "best_per_ratio", "rows"}
+    assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
+                            "orchestrator_ms": 0.0, "call_ms": 0.0, "prompt_tokens": 128, "max_batch_tokens": 512}
+    assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
+    row_fields = {"drafters", "verifiers", "drafters_per_verifier", "gamma", "gpus", "tokens_per_s", "tokens_per_s_se",
+                  "tokens_per_s_per_gpu", "per_session_tokens_per_s", "ttft_ms", "ttft_p50_ms", "ttft_p90_ms",
+                  "cycle_ms", "drafter_utilization", "verifier_utilization", "tokens_per_verify_pass", "cycles",
+                  "window_ms"}
+    assert all(set(r) == row_fields for r in out["rows"] + out["best_per_ratio"] + [out["recommended"]])
+    assert out["recommended"] == max(out["rows"], key=lambda r: r["tokens_per_s_per_gpu"])
+    assert out["rows"][0]["drafter_utilization"] is None and out["rows"][1]["drafter_utilization"] > 0
+    direct = plan_cluster(replace(BUSY, orchestrator_ms=0.0), 4, 1, 1.0, range(0, 4), tokens_per_session=64)
+    assert out["recommended"]["tokens_per_s"] == direct.recommended.tokens_per_s
+
+
+def test_cli_table(capsys):
+    main(SMALL)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["drafters/verifier", "drafters", "best", "gamma", "tokens/s", "TTFT", "ms",
+                                "tokens/s", "per", "GPU"]
+    assert [line.split()[:2] for line in lines[1:3]] == [["0", "0"], ["1", "1"]]
+    assert len(lines) == 4 and lines[3].startswith("recommended: ") and " tokens/s, " in lines[3]
+
+
+def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
+    path = tmp_path / "costs.json"
+    measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
+                "orchestrator_ms": 0.2, "call_ms": 0.1, "prompt_tokens": 32, "max_batch_tokens": 256}
+    path.write_text(json.dumps(measured))
+    small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
+             "--gamma", "2", "--costs", str(path)]
+    out = run_json(capsys, *small)
+    assert out["costs"] == measured
+    assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 2)]
+    over = run_json(capsys, *small, "--rtt-ms", "20", "--target-ms", "9,0.25", "--alpha", "0.5")
+    assert over["costs"] == {**measured, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5}
+    assert over["rows"][1]["tokens_per_s"] < out["rows"][1]["tokens_per_s"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rtt-ms", "-1"], "tandem plan: --rtt-ms must be >= 0"),
+    (["--alpha", "1.5"], "tandem plan: --alpha must be in [0, 1]"),
+    (["--draft-ms", "1"], "tandem plan: --draft-ms must be INTERCEPT,SLOPE"),
+    (["--target-ms", "0,0"], "tandem plan: --target-ms must cost > 0"),
+    (["--prompt-tokens", "0"], "tandem plan: --prompt-tokens must be an integer >= 1"),
+    (["--sessions", "0"], "tandem plan: --sessions must be >= 1"),
+    (["--verifiers", "0"], "tandem plan: --verifiers must be >= 1"),
+    (["--replicas", "0"], "tandem plan: --replicas must be >= 1"),
+    (["--max-drafters-per-verifier", "-1"], "tandem plan: --max-drafters-per-verifier must be in [0, 64]"),
+    (["--draft-gpu-cost", "nan"], "tandem plan: --draft-gpu-cost must be >= 0"),
+    (["--gamma", "17"], "tandem plan: --gamma must be in [0, 16]"),
+    (["--cost-ratio", "20"], "tandem plan: --cost-ratio is the analytic model's"),
+    (["--costs", "/nonexistent/costs.json"], "tandem plan: --costs /nonexistent/costs.json: "),
+])
+def test_cli_bad_flags(capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        main([*SMALL, *args, "--json"])
+    assert str(e.value.code).startswith(message) and "\n" not in str(e.value.code)
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_missing_and_misplaced_flags(tmp_path):
+    with pytest.raises(SystemExit, match=r"^tandem plan: --cluster needs --draft-ms \(or draft_pass in --costs\)$"):
+        main(["plan", "--cluster", "--target-ms", "8,0.3", "--alpha", "0.7"])
+    with pytest.raises(SystemExit, match="^tandem plan: --sessions needs --cluster$"):
+        main(["plan", "--alpha", "0.8", "--gamma", "3", "--sessions", "4"])
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"draft_pass": [1, 0.1], "target_pass": [8, 0.3], "alpha": 0.7, "rtt_ms": -2}))
+    with pytest.raises(SystemExit, match=rf"^tandem plan: --rtt-ms must be >= 0 \(rtt_ms in {path}\)$"):
+        main(["plan", "--cluster", "--costs", str(path)])
+    path.write_text(json.dumps({"draft_pass": [1, 0.1], "target_pass": [8, 0.3], "alpha": 0.7, "rtt": 2}))
+    with pytest.raises(SystemExit, match=rf"^tandem plan: --costs {path}: rtt is not a cost"):
+        main(["plan", "--cluster", "--costs", str(path)])
+
+
+def test_cli_plot(capsys, tmp_path):
+    pytest.importorskip("matplotlib")  # the bench extra's
+    png = tmp_path / "plan.png"
+    main([*SMALL, "--plot", str(png)])
+    assert f"plot in {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
