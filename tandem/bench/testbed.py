@@ -36,12 +36,19 @@ def unavailable() -> str | None:
         return "network namespaces and veth pairs need root"
     if not shutil.which("ip"):
         return "no `ip` command (iproute2)"
-    probe = f"tandem-probe-{uuid.uuid4().hex[:8]}"
+    # What start() does, in small: a namespace, a veth pair, one end moved into it (a container may
+    # allow namespaces and refuse veth pairs).
+    tag = uuid.uuid4().hex[:6]
+    probe, outside, inside = f"tandem-probe-{tag}", f"tbprobe{tag}", f"tbprobe{tag}p"
     try:
         _ip("netns", "add", probe)
-        _ip("netns", "del", probe)
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        _ip("link", "set", inside, "netns", probe)
     except RuntimeError as e:
-        return f"cannot make a network namespace: {e}"
+        return f"cannot make a network namespace joined by a veth pair: {e}"
+    finally:
+        subprocess.run(["ip", "link", "del", outside], capture_output=True)
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
 
 
