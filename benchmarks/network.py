@@ -91,14 +91,20 @@ def sweep(args) -> None:
                 rows.append({"delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload, "mode": mode,
                              **{k: row[k] for k in ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms",
                                                     "mean_gamma", "cycle")}})
-            best = max((r for r in rows[-len(modes):] if r["mode"] != "adaptive"),
-                       key=lambda r: r["aggregate_tokens_per_s"])
-            adaptive = next((r for r in rows[-len(modes):] if r["mode"] == "adaptive"), None)
+            best, adaptive, _ = _point(rows[-len(modes):])
             print(f"[{i + 1}/{len(points)}, {time.time() - start:.0f} s] delay {delay:g} ms, {workload}, "
                   f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
                   + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ {adaptive['mean_gamma'] or 0:.2f})"
                      if adaptive else ""), flush=True)
             write(rows, args)
+
+
+def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
+    """A point's rows → (its best fixed γ's, adaptive γ's, γ = 0's; None where not run)."""
+    best = max((r for r in group if r["mode"] != "adaptive"), key=lambda r: r["aggregate_tokens_per_s"])
+    adaptive = next((r for r in group if r["mode"] == "adaptive"), None)
+    zero = next((r for r in group if r["mode"] == cluster_mode(0)), None)
+    return best, adaptive, zero
 
 
 def write(rows: list[dict], args) -> None:
@@ -107,11 +113,7 @@ def write(rows: list[dict], args) -> None:
              "| adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
     groups = sorted({(r["delay_ms"], r["workload"], r["in_flight"]) for r in rows})
     for key in groups:
-        group = [r for r in rows if (r["delay_ms"], r["workload"], r["in_flight"]) == key]
-        fixed = [r for r in group if r["mode"] != "adaptive"]
-        best = max(fixed, key=lambda r: r["aggregate_tokens_per_s"])
-        adaptive = next((r for r in group if r["mode"] == "adaptive"), None)
-        zero = next((r for r in group if r["mode"] == cluster_mode(0)), None)
+        best, adaptive, zero = _point([r for r in rows if (r["delay_ms"], r["workload"], r["in_flight"]) == key])
         a = adaptive["aggregate_tokens_per_s"] if adaptive else float("nan")
         lines.append(f"| {key[0]:g} | {key[1]} | {key[2]} | {best['mode']} | {best['aggregate_tokens_per_s']:.1f} | "
                      f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | "

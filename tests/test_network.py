@@ -7,13 +7,14 @@ import asyncio
 import concurrent.futures
 import statistics
 import time
+from contextlib import asynccontextmanager
 
 import grpc
 import pytest
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cycles import generate, open_session, running_loop
+from cycles import open_session, running_loop
+from test_cluster import hf_greedy
 from tandem.bench.delay_proxy import Delay, Link, apply, parse_link
 from tandem.bench import testbed as tb
 from tandem.local import spawn_worker, stop_processes
@@ -21,12 +22,6 @@ from tandem.math.params import SamplingParams
 
 NO_TESTBED = tb.unavailable()
 needs_testbed = pytest.mark.skipif(NO_TESTBED is not None, reason=f"no multi-host test bed here: {NO_TESTBED}")
-
-
-def target_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens)
-    return out[0, len(prompt):].tolist()
 
 
 # --- the delay proxy, on loopback ------------------------------------------------------------
@@ -42,20 +37,29 @@ async def _echo(reader, writer):
     writer.close()
 
 
-async def _round_trips(link_delay: Delay, n: int, size: int = 4) -> list[float]:
-    """n echo round trips of `size` bytes through a link → milliseconds each."""
+@asynccontextmanager
+async def echo_link(delay: Delay):
+    """A link with this delay in front of an echo server → the link."""
     server = await asyncio.start_server(_echo, "127.0.0.1", 0)
-    link = await Link("x", ("127.0.0.1", 0), server.sockets[0].getsockname()[:2], link_delay).start()
-    reader, writer = await asyncio.open_connection(*link.listen)
-    rtts = []
-    for _ in range(n):
-        start = time.perf_counter()
-        writer.write(b"x" * size)
-        await reader.readexactly(size)
-        rtts.append((time.perf_counter() - start) * 1e3)
-    writer.close()
-    await link.close()
-    server.close()
+    link = await Link("x", ("127.0.0.1", 0), server.sockets[0].getsockname()[:2], delay).start()
+    try:
+        yield link
+    finally:
+        await link.close()
+        server.close()
+
+
+async def _round_trips(delay: Delay, n: int, size: int = 4) -> list[float]:
+    """n echo round trips of `size` bytes through a link → milliseconds each."""
+    async with echo_link(delay) as link:
+        reader, writer = await asyncio.open_connection(*link.listen)
+        rtts = []
+        for _ in range(n):
+            start = time.perf_counter()
+            writer.write(b"x" * size)
+            await reader.readexactly(size)
+            rtts.append((time.perf_counter() - start) * 1e3)
+        writer.close()
     return rtts
 
 
@@ -70,19 +74,16 @@ def test_jitter_spreads_round_trips_within_its_bounds_and_keeps_the_stream_in_or
     rtts = asyncio.run(_round_trips(Delay(5.0, 4.0), 40))
     assert min(rtts) >= 2 * 1.0 and statistics.pstdev(rtts) > 0.5
 
-    async def stream() -> bytes:
-        server = await asyncio.start_server(_echo, "127.0.0.1", 0)
-        link = await Link("x", ("127.0.0.1", 0), server.sockets[0].getsockname()[:2], Delay(3.0, 3.0)).start()
-        reader, writer = await asyncio.open_connection(*link.listen)
-        sent = b"".join(i.to_bytes(4, "big") for i in range(2000))
-        for i in range(0, len(sent), 40):  # many small chunks, each with its own jitter
-            writer.write(sent[i:i + 40])
-            await writer.drain()
-            await asyncio.sleep(0)
-        got = await reader.readexactly(len(sent))
-        writer.close()
-        await link.close()
-        server.close()
+    async def stream() -> tuple[bytes, bytes]:
+        async with echo_link(Delay(3.0, 3.0)) as link:
+            reader, writer = await asyncio.open_connection(*link.listen)
+            sent = b"".join(i.to_bytes(4, "big") for i in range(2000))
+            for i in range(0, len(sent), 40):  # many small chunks, each with its own jitter
+                writer.write(sent[i:i + 40])
+                await writer.drain()
+                await asyncio.sleep(0)
+            got = await reader.readexactly(len(sent))
+            writer.close()
         return sent, got
 
     sent, got = asyncio.run(stream())
@@ -91,28 +92,25 @@ def test_jitter_spreads_round_trips_within_its_bounds_and_keeps_the_stream_in_or
 
 def test_a_dropped_link_resets_its_connections_and_a_down_one_refuses_new_ones():
     async def run():
-        server = await asyncio.start_server(_echo, "127.0.0.1", 0)
-        link = await Link("x", ("127.0.0.1", 0), server.sockets[0].getsockname()[:2], Delay(1.0)).start()
-        links = {"x": link}
-        reader, writer = await asyncio.open_connection(*link.listen)
-        writer.write(b"ping")
-        assert await reader.readexactly(4) == b"ping"
-        assert apply(links, "drop x") == "ok drop x"
-        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+        async with echo_link(Delay(1.0)) as link:
+            links = {"x": link}
+            reader, writer = await asyncio.open_connection(*link.listen)
             writer.write(b"ping")
-            await reader.readexactly(4)
-        assert apply(links, "down *").startswith("ok")
-        reader, writer = await asyncio.open_connection(*link.listen)  # accepted by the kernel, then reset
-        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
-            writer.write(b"ping")
-            await reader.readexactly(4)
-        assert apply(links, "up x").startswith("ok")
-        reader, writer = await asyncio.open_connection(*link.listen)
-        writer.write(b"pong")
-        assert await reader.readexactly(4) == b"pong"
-        writer.close()
-        await link.close()
-        server.close()
+            assert await reader.readexactly(4) == b"ping"
+            assert apply(links, "drop x") == "ok drop x"
+            with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+                writer.write(b"ping")
+                await reader.readexactly(4)
+            assert apply(links, "down *").startswith("ok")
+            reader, writer = await asyncio.open_connection(*link.listen)  # accepted by the kernel, then reset
+            with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+                writer.write(b"ping")
+                await reader.readexactly(4)
+            assert apply(links, "up x").startswith("ok")
+            reader, writer = await asyncio.open_connection(*link.listen)
+            writer.write(b"pong")
+            assert await reader.readexactly(4) == b"pong"
+            writer.close()
 
     asyncio.run(run())
 
@@ -189,7 +187,7 @@ def test_a_worker_behind_a_dropping_link_fails_over_and_the_stream_is_unchanged(
     testbed, links = bed
     max_tokens = 40
     prompt, expected = next((p, e) for p in pair["prompts"]  # a stream that does not end early
-                            if len(e := target_greedy(target_model, p, max_tokens)) == max_tokens)
+                            if len(e := hf_greedy(target_model, p, max_tokens)) == max_tokens)
 
     async def run():
         async with running_loop([links["draft-0"], links["draft-1"]], [links["target-0"], links["target-1"]],
@@ -222,7 +220,7 @@ def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
 
     delay = 5.0
     prompt = pair["prompts"][0]
-    expected = target_greedy(target_model, prompt, 24)
+    expected = hf_greedy(target_model, prompt, 24)
     with NetworkCluster(pair["draft"], pair["target"], delay_ms=delay) as cluster, Client(cluster.address) as client:
         result = client.generate(prompt_token_ids=prompt, max_tokens=24, temperature=0, gamma=3)
     assert result.token_ids == expected

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import random
 import socket
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None:
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # on, 0 s
         except OSError:
             pass
     writer.transport.abort()
