@@ -1,18 +1,22 @@
 """The cluster across a network: tokens/s against the one-way delay between the orchestrator and
-its workers, for every fixed γ and the adaptive policy, on the multi-host test bed.
+its workers, for every fixed γ and the adaptive policy, on the multi-host test bed; and the
+capacity simulator's predictions against those measurements.
 
     .venv/bin/python benchmarks/network.py up [--delay-ms 5]     # a cluster on the test bed, until Ctrl-C
-    .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-8,auto]
+    .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-8,auto] [--repeats 3]
+    .venv/bin/python benchmarks/network.py calibrate             # after a sweep
 
 The test bed (tandem.bench.testbed, tandem.bench.network) puts the orchestrator, the draft worker
 and the target verifier each in a network namespace of its own, on its own address, and runs
 every orchestrator↔worker link through a user-space delay proxy (the kernel here has no netem).
 `up` starts it, prints the ingress and the link addresses, and takes the proxy's commands on
 stdin (`delay * 20`, `drop draft-0`, ...). `sweep` runs, per delay, workload (greedy, T = 1) and
-sessions in flight (1, 8), every mode once in a shuffled order over the held-out prompts, with
-ignore_eos so that every stream is max_tokens long. Needs root (network namespaces).
+sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos so that every
+stream is max_tokens long, --repeats times in a new order each round; a point's tokens/s per mode
+is its median run. Needs root (network namespaces). `calibrate` predicts each fixed-γ point with
+tandem.capacity.simulate from costs measured apart from it (`_costs`).
 
-Writes results/network/sweep.{json,md,png}.
+Writes results/network/sweep.{json,md,png} and calibration.{json,md,png}.
 """
 
 import argparse
@@ -20,19 +24,25 @@ import json
 import random
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import matplotlib
-from transformers import AutoTokenizer
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
 from tandem.bench.runs import cluster_mode, concurrent_runs
-from tandem.bench.summary import concurrency_row
+from tandem.bench.summary import acceptance, concurrency_row
 from tandem.bench.testbed import unavailable
+from tandem.capacity import Cluster, Costs, simulate
 from tandem.cli import HELDOUT_PROMPTS, default_pair
+from tandem.services.llama import LlamaPass
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "network"
 WORKLOADS = ("greedy", "sampled")
@@ -84,14 +94,16 @@ def sweep(args) -> None:
             cluster.bed.set_delay(delay, args.jitter_ms)
             # The same prompts at every delay and workload: points differ only in what they vary.
             batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
-            for mode in rng.sample(modes, len(modes)):
+            # Every mode once per round, in a new order each round: drift spreads over all modes.
+            for repeat, mode in ((r, m) for r in range(args.repeats) for m in rng.sample(modes, len(modes))):
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              args.seed, ignore_eos=True)
-                row = concurrency_row(runs, wall, in_flight)
+                row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
                 rows.append({"delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload, "mode": mode,
-                             **{k: row[k] for k in ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms",
-                                                    "mean_gamma", "cycle")}})
-            best, adaptive, _ = _point(rows[-len(modes):])
+                             "repeat": repeat, **{k: row[k] for k in ("in_flight", "sessions", "aggregate_tokens_per_s",
+                                                                      "ttft_ms", "mean_gamma", "acceptance_rate",
+                                                                      "mean_acceptance_length", "cycle")}})
+            best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])
             print(f"[{i + 1}/{len(points)}, {time.time() - start:.0f} s] delay {delay:g} ms, {workload}, "
                   f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
                   + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ {adaptive['mean_gamma'] or 0:.2f})"
@@ -99,8 +111,145 @@ def sweep(args) -> None:
             write(rows, args)
 
 
+def calibrate(args) -> None:
+    """The simulator (tandem.capacity) against the sweep: every fixed-γ point predicted from costs
+    measured apart from it (`_costs`), and the prediction's ratio to what the point measured."""
+    sweep = json.loads(Path(args.sweep).read_text())
+    rows = _median_rows(sweep["rows"])
+    draft, target = default_pair()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    prompts = [len(tokenizer.encode(json.loads(line)["prompt"])) for line in open(HELDOUT_PROMPTS)]
+    prompt = round(sum(prompts) / len(prompts))
+    passes = {"draft": pass_ms(Path(draft), PASS_TOKENS), "target": pass_ms(Path(target), PASS_TOKENS + (prompt,))}
+    out = []
+    for r in rows:
+        gamma = _gamma_of(r["mode"])
+        if gamma is None:
+            continue
+        costs = _costs(rows, passes, prompt, r, gamma)
+        cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"])
+        predicted = simulate(costs, cluster, gamma, seed=args.seed).tokens_per_s
+        out.append({"delay_ms": r["delay_ms"], "workload": r["workload"], "in_flight": r["in_flight"], "gamma": gamma,
+                    "measured": r["aggregate_tokens_per_s"], "predicted": predicted,
+                    "ratio": predicted / r["aggregate_tokens_per_s"], "costs": asdict(costs)})
+        print(f"delay {r['delay_ms']:g} ms, {r['workload']}, {r['in_flight']} in flight, γ = {gamma}: measured "
+              f"{out[-1]['measured']:.1f}, predicted {predicted:.1f} tokens/s ({out[-1]['ratio']:.2f})", flush=True)
+    where = Path(args.out)
+    (where / "calibration.json").write_text(json.dumps({"pass_ms": passes, "points": out}, indent=1))
+    lines = ["| delay (ms) | workload | in flight | γ | measured tokens/s | predicted | predicted / measured |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {o['delay_ms']:g} | {o['workload']} | {o['in_flight']} | {o['gamma']} | {o['measured']:.1f} | "
+              f"{o['predicted']:.1f} | {o['ratio']:.2f} |" for o in out]
+    (where / "calibration.md").write_text("\n".join(lines) + "\n")
+    plot_calibration(out, where / "calibration.png")
+
+
+# Pass sizes calibrate measures: a lone session's steps and blocks, and 8 sessions' passes.
+PASS_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 72)
+
+
+def pass_ms(model_dir: Path, sizes: tuple[int, ...], repetitions: int = 15) -> dict[int, float]:
+    """One forward pass of n tokens after a 50-token prompt, per n → its median ms, through the
+    runtime's pass on one thread, as a worker here runs it."""
+    torch.set_num_threads(1)
+    run = LlamaPass(AutoModelForCausalLM.from_pretrained(model_dir).eval(), column_major=True)
+    prompt = list(range(10, 60))
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    with torch.inference_mode():
+        for _ in range(repetitions):
+            for n in sizes:
+                cache = run.new_cache()
+                run.forward(cache, 0, prompt, keep=1)
+                start = time.perf_counter()
+                run.forward(cache, len(prompt), list(range(100, 100 + n)), keep=n)
+                times[n].append((time.perf_counter() - start) * 1e3)
+                run.release(cache)
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def _line(passes: dict[int, float], low: int, high: int) -> tuple[float, float]:
+    """The (intercept, slope) of pass ms against tokens over [low, high]: a pass on a CPU costs
+    less per token the more it runs, so the line is fitted where the point's passes are."""
+    sizes = [n for n in passes if low <= n <= high] or sorted(passes, key=lambda n: abs(n - high))[:2]
+    if len(sizes) == 1:
+        return passes[sizes[0]], 0.0
+    slope, intercept = np.polyfit(sizes, [passes[n] for n in sizes], 1)
+    return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> Costs:
+    """A point's costs, none read from its own tokens/s: the passes' lines where its passes lie
+    (a session's γ + 1 tokens up to every session's), the target's prefill as the tokens its
+    line takes as long as the measured prefill, α from the workload's drafting runs alone, the
+    round trip and the orchestrator's time per cycle from γ = 0's lone cycles at its delay."""
+    n = point["in_flight"]
+    target = _line(passes["target"], gamma + 1, max(gamma + 2, n * (gamma + 1)))
+    draft = _line(passes["draft"], 1, max(2, n))
+    drafting = [r for r in rows if r["in_flight"] == 1 and r["mean_gamma"] and r["mode"] != "adaptive"
+                and r["workload"] == point["workload"]]
+    plain = [r for r in rows if r["in_flight"] == 1 and r["mode"] == cluster_mode(0)
+             and r["delay_ms"] == point["delay_ms"]]
+    prefill = (passes["target"][prompt] - target[0]) / target[1] if target[1] else prompt
+    return Costs(draft_pass=draft, target_pass=target,
+                 alpha=float(np.median([r["acceptance_rate"] for r in drafting])),
+                 rtt_ms=float(np.mean([r["cycle"]["transport_ms"] for r in plain])),
+                 orchestrator_ms=float(np.mean([r["cycle"]["orchestration_ms"] for r in plain])),
+                 prompt_tokens=max(1, round(prefill)))
+
+
+def _key(r: dict) -> tuple:
+    return r["delay_ms"], r["workload"], r["in_flight"]
+
+
+def _gamma_of(mode: str) -> int | None:
+    """A fixed-γ mode's γ; None for adaptive."""
+    return None if mode == "adaptive" else int(mode.removeprefix("gamma_"))
+
+
+def plot_calibration(out: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for in_flight, marker in ((1, "o"), (8, "s")):
+        for workload, color in (("greedy", "tab:blue"), ("sampled", "tab:orange")):
+            pts = [o for o in out if o["in_flight"] == in_flight and o["workload"] == workload]
+            ax.scatter([o["measured"] for o in pts], [o["predicted"] for o in pts], marker=marker, color=color,
+                       alpha=0.7, label=f"{workload}, {in_flight} in flight")
+    top = max(max(o["measured"], o["predicted"]) for o in out) * 1.1
+    ax.plot([0, top], [0, top], color="black", linewidth=1)
+    for band in (0.85, 1.15):
+        ax.plot([0, top], [0, top * band], color="gray", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = [t for t in (10, 20, 50, 100, 200, 500, 1000) if t <= top]
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, no crowded minor labels
+        axis.set_ticks(ticks)
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("measured tokens/s (test bed)")
+    ax.set_ylabel("predicted tokens/s (tandem.capacity)")
+    ax.set_title("the simulator against the test bed (±15 % dashed)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _medians(group: list[dict]) -> list[dict]:
+    """A point's rows, one per mode: its repeat with the median tokens/s (the lower middle one)."""
+    by_mode: dict[str, list[dict]] = {}
+    for r in group:
+        by_mode.setdefault(r["mode"], []).append(r)
+    return [sorted(rs, key=lambda r: r["aggregate_tokens_per_s"])[(len(rs) - 1) // 2] for rs in by_mode.values()]
+
+
+def _median_rows(rows: list[dict]) -> list[dict]:
+    """Every point's median row per mode."""
+    return [m for key in sorted({_key(r) for r in rows}) for m in _medians([r for r in rows if _key(r) == key])]
+
+
 def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
-    """A point's rows → (its best fixed γ's, adaptive γ's, γ = 0's; None where not run)."""
+    """A point's rows → (its best fixed γ's, adaptive γ's, γ = 0's median rows; None where not run)."""
+    group = _medians(group)
     best = max((r for r in group if r["mode"] != "adaptive"), key=lambda r: r["aggregate_tokens_per_s"])
     adaptive = next((r for r in group if r["mode"] == "adaptive"), None)
     zero = next((r for r in group if r["mode"] == cluster_mode(0)), None)
@@ -111,9 +260,8 @@ def write(rows: list[dict], args) -> None:
     (OUT / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "rows": rows}, indent=1))
     lines = ["| delay (ms) | workload | in flight | best fixed γ | its tokens/s | adaptive tokens/s | adaptive / best "
              "| adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
-    groups = sorted({(r["delay_ms"], r["workload"], r["in_flight"]) for r in rows})
-    for key in groups:
-        best, adaptive, zero = _point([r for r in rows if (r["delay_ms"], r["workload"], r["in_flight"]) == key])
+    for key in sorted({_key(r) for r in rows}):
+        best, adaptive, zero = _point([r for r in rows if _key(r) == key])
         a = adaptive["aggregate_tokens_per_s"] if adaptive else float("nan")
         lines.append(f"| {key[0]:g} | {key[1]} | {key[2]} | {best['mode']} | {best['aggregate_tokens_per_s']:.1f} | "
                      f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | "
@@ -127,7 +275,7 @@ def plot(rows: list[dict]) -> None:
     panels = sorted({(r["workload"], r["in_flight"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (workload, in_flight) in zip(axes[0], panels):
-        group = [r for r in rows if (r["workload"], r["in_flight"]) == (workload, in_flight)]
+        group = [r for r in _median_rows(rows) if (r["workload"], r["in_flight"]) == (workload, in_flight)]
         for mode in sorted({r["mode"] for r in group}, key=lambda m: (m == "adaptive", m)):
             points = sorted((r["delay_ms"], r["aggregate_tokens_per_s"]) for r in group if r["mode"] == mode)
             style = dict(color="black", linewidth=2.5) if mode == "adaptive" else dict(alpha=0.6)
@@ -158,12 +306,18 @@ def main() -> None:
     p_sweep.add_argument("--gammas", default="0-8,auto")
     p_sweep.add_argument("--workloads", default="greedy,sampled")
     p_sweep.add_argument("--in-flight", default="1,8")
-    p_sweep.add_argument("--sessions", type=int, default=4, help="sessions per point (at least twice as many as in flight)")
+    p_sweep.add_argument("--sessions", type=int, default=6, help="sessions per point (at least twice as many as in flight)")
     p_sweep.add_argument("--max-tokens", type=int, default=64)
+    p_sweep.add_argument("--repeats", type=int, default=3, help="runs of each mode per point (the median is kept)")
     p_sweep.add_argument("--seed", type=int, default=0)
     p_sweep.set_defaults(func=sweep)
+    p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
+    p_cal.add_argument("--sweep", default=str(OUT / "sweep.json"), help="a sweep's results (JSON)")
+    p_cal.add_argument("--out", default=str(OUT), help="where calibration.{json,md,png} go")
+    p_cal.add_argument("--seed", type=int, default=0)
+    p_cal.set_defaults(func=calibrate)
     args = parser.parse_args()
-    if reason := unavailable():
+    if args.func is not calibrate and (reason := unavailable()):
         raise SystemExit(f"benchmarks/network.py: the test bed cannot run here: {reason}")
     args.func(args)
 

@@ -157,6 +157,10 @@ class SpeculativeLoop:
             return ()
         return tree.widths_at(s.request.tree_widths, gamma)
 
+    def _ahead(self) -> bool:
+        """Whether the loop drafts ahead during a session's verify of a chain: while it is alone."""
+        return self.draft_ahead and self.in_flight == 1
+
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
         request still wants, and 0 while no draft worker is available. An adaptive session's
@@ -165,7 +169,7 @@ class SpeculativeLoop:
         session's at load), and the draft prefills with its first block in the next cycle."""
         if not (self.verifier_drafts or self.drafts.available()) or (s.request.gamma is None and generated == 0):
             return 0
-        wanted = s.request.gamma if s.request.gamma is not None else s.policy.choose()
+        wanted = s.request.gamma if s.request.gamma is not None else s.policy.choose(ahead=self._ahead())
         return max(0, min(wanted, s.request.max_tokens - generated - 1))
 
     async def cycle(self, s: Session, call: "_FirstCall", parent: Context | None = None,
@@ -188,9 +192,8 @@ class SpeculativeLoop:
         gamma = len(proposal.draft_tokens) if proposal else 0  # drafted tokens: a tree's nodes
         branched = bool(proposal and proposal.parents)  # a token tree (the drafter may answer a chain)
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead (a chain).
-        alone = self.in_flight == 1  # the draft worker would otherwise idle through the verify
-        ahead = (self._draft_ahead(s, proposal, here)
-                 if gamma and not branched and self.draft_ahead and alone else None)
+        # (alone: the draft worker would otherwise idle through the verify)
+        ahead = self._draft_ahead(s, proposal, here) if gamma and not branched and self._ahead() else None
         try:
             verify = await self._verify(s, proposal, here, *self._next_shape(s)) if call.gamma else await call.task
         except BaseException:
@@ -228,7 +231,13 @@ class SpeculativeLoop:
         #    it needs only the committed sequence, so it overlaps the Redis commit.
         record = _measure(s, began, call, gamma, accepted, len(new), draft, verify, ahead_reply)
         depth = max(tree.depths(proposal.parents)) if branched else 0  # a tree's γ; 0: a chain
-        s.policy.observe(_costs(record, draft, verify, self.cpu.count(), depth), len(new))
+        # The orchestrator's CPU goes mostly to its calls: the meter counts each worker call and the
+        # rest of the cycle (its commit, its stream) as one event, and a drafting cycle pays one more.
+        per_event = self.cpu.count(2 + bool(call.gamma and not call.drafted_ahead) + bool(ahead))
+        costs = _costs(record, draft, verify, per_event, depth)
+        if ahead_reply and accepted == gamma:  # a guess of the bonus was made: whether it came true
+            costs.guessed = block is not None
+        s.policy.observe(costs, len(new))
         following = None if s.finish_reason else self._launch(s, parent, block)
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),
@@ -448,20 +457,24 @@ def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted:
     )
 
 
-def _costs(c: CycleStats, draft: Reply | None, verify: Reply, overhead_ms: float, depth: int = 0) -> CycleCosts:
+def _costs(c: CycleStats, draft: Reply | None, verify: Reply, per_event_ms: float, depth: int = 0) -> CycleCosts:
     """What the γ policy learns from a cycle: what each call's work cost its worker (a worker that
-    does not measure it: its compute time, and the call's transport), the orchestrator's CPU per
-    cycle (its orchestration time until that is measured), and the latency beyond them. depth:
-    a token tree's (its γ), 0 for a chain."""
+    does not measure it: its compute time, and the call's transport), the orchestrator's CPU (per
+    event, the verify call and the rest of a cycle being two, a draft call one; until that is
+    measured, the cycle's orchestration time), and the latency beyond them. depth: a token
+    tree's (its γ), 0 for a chain."""
     draft_call, verify_call = _call(draft), _call(verify)
-    overhead = overhead_ms if overhead_ms >= 0 else c.orchestration_ms
+    measured = per_event_ms >= 0
+    overhead = 2 * per_event_ms if measured else c.orchestration_ms
+    draft_overhead = per_event_ms if measured and c.gamma else 0.0
     return CycleCosts(
         gamma=depth or c.gamma, accepted=c.accepted, tree=bool(depth),
         draft_cost_ms=_cost(draft), draft_call_ms=draft_call,
         verify_cost_ms=_cost(verify), verify_call_ms=verify_call,
-        overhead_ms=overhead,
+        overhead_ms=overhead, draft_overhead_ms=draft_overhead,
         draft_latency_ms=max(0.0, _transport(draft) - draft_call),
-        latency_ms=max(0.0, _transport(verify) - verify_call) + max(0.0, c.orchestration_ms - overhead),
+        latency_ms=(max(0.0, _transport(verify) - verify_call)
+                    + max(0.0, c.orchestration_ms - overhead - draft_overhead)),
         drafted_ahead=c.drafted_ahead,
         draft_fed=draft.fed if draft else 0,
         verify_fed=verify.fed,

@@ -6,12 +6,26 @@ It picks γ in [0, γ_max] to maximize expected tokens per millisecond of the cl
     S(γ) = E[tokens | α, γ] / (draft(γ) + verify(γ) + overhead),
 
 with E[tokens | α, γ] = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1), α the
-session's running acceptance estimate, and every cost measured as the session runs. γ = 0 is
-plain target decoding; while it wins, every `probe_every` cycles one cycle drafts anyway, so a
-stale α can recover. A probe that accepts nothing doubles the session's wait for the next one (up
-to MAX_PROBE_GAP cycles): on text the draft cannot follow, probes cost what they cannot win back.
-A drafting cycle that accepts a token brings the wait back to `probe_every`. α is learned along
+session's running acceptance estimate, and every cost measured as the session runs.
+
+A session's α stands on the replica's (`PairAcceptance`: what every session's cycles have shown
+of this draft against this target), worth `pair_weight` verified tokens, with its own decayed
+evidence on top. Alone, on a weak fixed prior, two blocks rejected at their first token took α
+from 0.6 to 0.3 and held a session at γ = 0 for most of its stream across a 20 ms link, where
+the draft was right two times in three. A session's evidence fades per cycle, drafted or not:
+the text moves on while γ = 0 too, and its α drifts back to the replica's.
+
+γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one cycle drafts
+anyway, so a stale α can recover. A probe that accepts nothing doubles the session's wait for
+the next one (up to MAX_PROBE_GAP cycles): on text the draft cannot follow, probes cost what they
+cannot win back. A drafting cycle that accepts a token brings the wait back to `probe_every`. α is learned along
 the accepted path, whatever the draft's shape (a token tree's is a path γ deep).
+
+Drafting ahead (tandem.orchestrator.cycle: alone, the draft worker drafts the next block while the
+target verifies this one) saves the next cycle's draft call when the whole block is accepted
+and the draft guessed the bonus token: with probability α^γ · g, g the replica's measured rate
+of right guesses after a full accept. Across a network that call is a round trip; charging it
+to every drafting cycle made γ = 0 look better than it was.
 
 Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
 cost of its drafting cycles, and drafts the shape that has given more tokens per millisecond,
@@ -25,7 +39,8 @@ charges the session its share of a pass: intercept / (sessions in the pass) + sl
 tokens). Summed over the sessions of a pass the shares are the pass, so a session that
 maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense:
 
-    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call  (γ > 0)
+    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call  (γ > 0; times the
+               chance that the block was not drafted ahead, alone)
     verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call
     overhead = orchestrator CPU + latency / verify sessions
 
@@ -35,8 +50,10 @@ tokens are accepted often enough to beat what verifying them costs everyone.
 
 The cluster's time is what the work uses, not what it waited for. A pass costs its device's
 time (the workers' Batching.cost_ms: CPU time on a CPU, wall time on an accelerator). A call
-costs its worker's CPU outside the passes (Batching.handling_ms), and a cycle costs the
-orchestrator's CPU per cycle (overhead; tandem.cpu). Time a call waited for other sessions'
+costs its worker's CPU outside the passes (Batching.handling_ms) and the orchestrator's CPU
+(tandem.cpu: its CPU per event, each worker call and the rest of a cycle being one; a drafting
+cycle pays one event more, the draft call's, which a per-cycle average had spread over γ-0
+cycles too). Time a call waited for other sessions'
 passes, for the orchestrator's event loop or for a core is nobody's cost (the others' shares
 count their work); charged as wall time it was most of a cycle at 64 sessions on 2 cores, and
 made γ climb to amortize a cost that was not there (adaptive γ fell below γ = 0 there).
@@ -87,10 +104,12 @@ class CycleCosts:
     draft_call_ms: float  # the draft worker's CPU per call besides (Batching.handling_ms)
     verify_cost_ms: float
     verify_call_ms: float
-    overhead_ms: float  # the orchestrator's CPU per cycle
+    overhead_ms: float  # the orchestrator's CPU per cycle, its draft call's aside
+    draft_overhead_ms: float = 0.0  # the orchestrator's CPU for the draft call
     draft_latency_ms: float = 0.0  # the draft call's wall time beyond its work and CPU
     latency_ms: float = 0.0  # the verify call's and the orchestration's, likewise
     drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
+    guessed: bool | None = None  # after a full accept with a draft-ahead: whether it guessed the bonus
     tree: bool = False  # the draft was a token tree γ deep (gamma: its depth)
     draft_fed: int = 1  # committed tokens each call fed its worker besides the block
     verify_fed: int = 1
@@ -108,6 +127,7 @@ class PoolCosts:
     draft_call_ms: float = -1.0
     verify_call_ms: float = -1.0
     overhead_ms: float = -1.0
+    draft_overhead_ms: float = -1.0
     draft_latency_ms: float = -1.0
     latency_ms: float = -1.0
     draft_sessions: float = -1.0  # sessions per draft pass
@@ -134,17 +154,19 @@ class PoolCosts:
     def cycle_ms(self, gamma: int) -> float:
         return self.cycles_ms(gamma)[gamma]
 
-    def cycles_ms(self, top: int) -> list[float]:
+    def cycles_ms(self, top: int, ahead: list[float] | None = None) -> list[float]:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
-        (the passes' lines read once a call, not once a γ: a policy asks for every γ each cycle)."""
+        (the passes' lines read once a call, not once a γ: a policy asks for every γ each cycle).
+        ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
         share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
         slope = self.verify_pass.line()[1]  # each drafted token adds to the verify pass
         verify = self.verify_ms(0) + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
         if not top:
             return [verify]
         draft_token = self.draft_ms_per_token()
-        draft = self.draft_call_ms + share * max(self.draft_latency_ms, 0.0)
-        return [verify] + [g * draft_token + draft + verify + slope * g for g in range(1, top + 1)]
+        draft = self.draft_call_ms + max(self.draft_overhead_ms, 0.0) + share * max(self.draft_latency_ms, 0.0)
+        missed = [1.0 - ahead[g] for g in range(top + 1)] if ahead else [1.0] * (top + 1)
+        return [verify] + [missed[g] * (g * draft_token + draft) + verify + slope * g for g in range(1, top + 1)]
 
     def observe(self, c: CycleCosts) -> None:
         """Fold one cycle's costs into the estimates."""
@@ -154,6 +176,7 @@ class PoolCosts:
             self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
             self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, self.decay)
             self.draft_call_ms = self._ewma(self.draft_call_ms, c.draft_call_ms)
+            self.draft_overhead_ms = self._ewma(self.draft_overhead_ms, c.draft_overhead_ms)
             self.draft_latency_ms = self._ewma(self.draft_latency_ms, c.draft_latency_ms)
         self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
         self.latency_ms = self._ewma(self.latency_ms, c.latency_ms)
@@ -169,13 +192,32 @@ class PoolCosts:
 
 
 @dataclass
+class PairAcceptance:
+    """What the replica has seen of its draft against its target, from every session's cycles:
+    the decayed accepted and verified tokens, and how often drafting ahead guessed the bonus."""
+
+    decay: float = 0.98  # per cycle observed: slower than a session's, it pools many sessions
+    accepted: float = 0.0
+    verified: float = 0.0
+    guesses: float = 0.0  # fully accepted blocks that had drafted ahead
+    hits: float = 0.0  # … and whose bonus token was the draft's guess
+
+    def observe(self, accepted: int, verified: int, guessed: bool | None) -> None:
+        d = self.decay
+        self.accepted, self.verified = d * self.accepted + accepted, d * self.verified + verified
+        if guessed is not None:
+            self.guesses, self.hits = d * self.guesses + 1, d * self.hits + guessed
+
+
+@dataclass
 class GammaPolicy:
     """A session's γ and shape choice: its acceptance, and the replica's costs (shared)."""
 
     max_gamma: int = 8
     initial_gamma: int = 4  # used until both workers have been measured
-    prior_alpha: float = 0.6
+    prior_alpha: float = 0.6  # the replica's α before it has seen a block
     prior_weight: float = 2.0  # pseudo-observations behind prior_alpha
+    pair_weight: float = 8.0  # verified tokens' worth of the replica's α behind a session's
     decay: float = 0.9  # per cycle: older evidence fades so the policy follows the text
     probe_every: int = 8
     # Decayed acceptance evidence.
@@ -191,23 +233,46 @@ class GammaPolicy:
     tree_ms: float = 0.0
     last_tree: bool = False
     shape_streak: int = 0
-    costs: PoolCosts = field(default_factory=PoolCosts)  # the replica's: one object for all its sessions
+    # The replica's, one object each for all its sessions: what the work costs, what the draft does.
+    costs: PoolCosts = field(default_factory=PoolCosts)
+    pair: PairAcceptance = field(default_factory=PairAcceptance)
+
+    @property
+    def pair_alpha(self) -> float:
+        """The replica's acceptance estimate."""
+        pair = self.pair
+        return (pair.accepted + self.prior_alpha * self.prior_weight) / (pair.verified + self.prior_weight)
 
     @property
     def alpha(self) -> float:
-        a = (self.accepted + self.prior_alpha * self.prior_weight) / (self.verified + self.prior_weight)
+        """The session's acceptance estimate: its evidence on the replica's."""
+        a = (self.accepted + self.pair_alpha * self.pair_weight) / (self.verified + self.pair_weight)
         return min(a, 0.999)
 
-    def tokens_per_ms(self, gamma: int) -> float:
-        return expected_tokens(self.alpha, gamma) / max(self.costs.cycle_ms(gamma), 1e-6)
+    def ahead_rates(self, top: int) -> list[float]:
+        """Per γ ≤ top, the probability that a drafting cycle finds its block drafted ahead: the last
+        block fully accepted (α^γ) and its bonus guessed (the replica's rate, α before it has one)."""
+        alpha, pair = self.alpha, self.pair
+        guessed = (pair.hits + 2.0 * alpha) / (pair.guesses + 2.0)
+        return [alpha ** g * guessed if g else 0.0 for g in range(top + 1)]
 
-    def choose(self, limit: int | None = None) -> int:
-        """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1)."""
+    def tokens_per_ms(self, gamma: int, ahead: bool = False) -> float:
+        return self.rates(gamma, ahead)[gamma]
+
+    def rates(self, top: int, ahead: bool = False) -> list[float]:
+        """Expected tokens per ms of a session's share of the cluster, per γ ≤ top; ahead: its loop
+        drafts ahead."""
+        alpha = self.alpha
+        cycles = self.costs.cycles_ms(top, self.ahead_rates(top) if ahead else None)
+        return [expected_tokens(alpha, g) / max(ms, 1e-6) for g, ms in enumerate(cycles)]
+
+    def choose(self, limit: int | None = None, ahead: bool = False) -> int:
+        """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1); ahead: the loop
+        drafts ahead during this session's verifies."""
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
         if not self.costs.measured:
             return min(self.initial_gamma, top)
-        alpha = self.alpha
-        rates = [expected_tokens(alpha, g) / max(ms, 1e-6) for g, ms in enumerate(self.costs.cycles_ms(top))]
+        rates = self.rates(top, ahead)
         gamma = max(range(top + 1), key=lambda g: (rates[g], -g))
         if gamma == 0 and top > 0 and self.zero_streak + 1 >= (self.probe_gap or self.probe_every):
             gamma = max(range(1, top + 1), key=rates.__getitem__)
@@ -229,10 +294,13 @@ class GammaPolicy:
         if c.gamma:
             self._observe_probe(c)
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
+        # Evidence fades per cycle, drafted or not (the module's docstring).
+        verified = verified_tokens(c.accepted, c.gamma) if c.gamma else 0
+        self.accepted = self.decay * self.accepted + c.accepted
+        self.verified = self.decay * self.verified + verified
         if c.gamma:
             self._observe_shape(c, output_tokens)
-            self.accepted = self.decay * self.accepted + c.accepted
-            self.verified = self.decay * self.verified + verified_tokens(c.accepted, c.gamma)
+            self.pair.observe(c.accepted, verified, c.guessed)
         self.costs.observe(c)
 
     def _observe_probe(self, c: CycleCosts) -> None:
@@ -249,8 +317,8 @@ class GammaPolicy:
         # cycle feeds the last path and the token after it at most.
         if max(c.draft_fed, c.verify_fed) > self.max_gamma + 1:
             return
-        cost = (c.draft_cost_ms + c.draft_call_ms + c.draft_latency_ms + c.verify_cost_ms + c.verify_call_ms
-                + c.overhead_ms + c.latency_ms)
+        cost = (c.draft_cost_ms + c.draft_call_ms + c.draft_overhead_ms + c.draft_latency_ms + c.verify_cost_ms
+                + c.verify_call_ms + c.overhead_ms + c.latency_ms)
         d = self.decay
         if c.tree:
             self.tree_tokens, self.tree_ms = d * self.tree_tokens + output_tokens, d * self.tree_ms + cost

@@ -1,4 +1,5 @@
-"""CPU time per event of an asyncio process: the orchestrator's per cycle, a worker's per call.
+"""CPU time per event of an asyncio process: the orchestrator's per worker call (and the rest of
+a cycle, one more event), a worker's per call.
 
 Under load, the wall time of a step in an asyncio process counts the time it waited for the
 event loop and for a core while other sessions' work ran; that waiting is most of it, and is no
@@ -26,13 +27,14 @@ class CpuMeter:
         self._events = 0
         self._since: tuple[float, float] | None = None
 
-    def count(self) -> float:
-        """Count one event → the estimate (negative until the first window has closed). The first
-        event opens the first window: what the thread did before (starting up) is no event's."""
+    def count(self, events: int = 1) -> float:
+        """Count events (one by default) → the estimate (negative until the first window has
+        closed). The first count opens the first window: what the thread did before (starting up)
+        is no event's."""
         if self._since is None:
             self._since = time.perf_counter(), time.thread_time()
             return self.per_event_ms
-        self._events += 1
+        self._events += events
         # The thread's CPU clock is read only when a window closes: under a hypervisor it can be a
         # real system call, where perf_counter is not.
         wall = time.perf_counter()

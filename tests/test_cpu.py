@@ -47,3 +47,14 @@ def test_work_before_the_first_event_is_no_events():
     meter = CpuMeter()
     _burn(0.3)
     assert _events(meter, lambda: time.sleep(PER_EVENT_S)) < 0.2 * PER_EVENT_S * 1e3
+
+
+def test_a_count_of_several_events_divides_the_work_over_them():
+    """The orchestrator counts a cycle's calls at once: work of 3 events read as 3 events."""
+    meter, ms = CpuMeter(), PER_EVENT_S * 1e3
+    meter.count()
+    estimate = -1.0
+    for _ in range(10):
+        _burn(PER_EVENT_S)
+        estimate = meter.count(3)
+    assert 0.5 * ms / 3 < estimate < 2 * ms / 3

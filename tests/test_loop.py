@@ -41,7 +41,7 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
 
 
 def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40):
-    """One session through the loop → (tokens, per-cycle stats)."""
+    """One session through the loop → (tokens, per-cycle stats, its γ policy)."""
 
     async def run():
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],),
@@ -49,7 +49,7 @@ def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, sess
             s = await open_session(loop, session_id, prompt, params, max_tokens, gamma)
             out = await generate(loop, s)
             await release(loop, s)
-            return out, s.stats.per_cycle
+            return out, s.stats.per_cycle, s.policy
 
     return asyncio.run(run())
 
@@ -62,9 +62,13 @@ def test_drafting_ahead_changes_no_token(workers, redis_url, pair):
     for i, (temperature, gamma) in enumerate([(0.0, 2), (0.0, 4), (1.0, 2), (1.0, 3)]):
         prompt = pair["prompts"][i]
         params = SamplingParams(temperature=temperature, seed=100 + i)
-        on, on_cycles = _generate(workers, redis_url, pair, prompt, params, gamma, True, f"ahead-on-{i}")
-        off, off_cycles = _generate(workers, redis_url, pair, prompt, params, gamma, False, f"ahead-off-{i}")
+        on, on_cycles, on_policy = _generate(workers, redis_url, pair, prompt, params, gamma, True, f"ahead-on-{i}")
+        off, off_cycles, off_policy = _generate(workers, redis_url, pair, prompt, params, gamma, False, f"ahead-off-{i}")
         assert on == off
+        # The policy learns how often a guess of the bonus comes true.
+        guesses = on_policy.pair
+        assert off_policy.pair.guesses == 0 and guesses.hits <= guesses.guesses
+        assert (guesses.hits > 0) == any(c.drafted_ahead for c in on_cycles)
         assert not any(c.drafted_ahead or c.ahead_ms for c in off_cycles)
         for before, c in zip(on_cycles, on_cycles[1:]):
             # A block comes from drafting ahead only after a cycle that accepted all it drafted.
@@ -202,8 +206,8 @@ def test_an_adaptive_session_gets_its_first_token_from_the_target_alone(workers,
     draft prefills with its first block in the second cycle. A fixed γ drafts from the first."""
     prompt = pair["prompts"][5]
     params = SamplingParams(temperature=0.0)
-    adaptive, cycles = _generate(workers, redis_url, pair, prompt, params, None, True, "first-adaptive", 20)
-    fixed, fixed_cycles = _generate(workers, redis_url, pair, prompt, params, 3, True, "first-fixed", 20)
+    adaptive, cycles, _ = _generate(workers, redis_url, pair, prompt, params, None, True, "first-adaptive", 20)
+    fixed, fixed_cycles, _ = _generate(workers, redis_url, pair, prompt, params, 3, True, "first-fixed", 20)
     assert (cycles[0].gamma, cycles[0].draft_ms, cycles[0].output_tokens) == (0, 0.0, 1)
     assert cycles[1].gamma == GammaPolicy().initial_gamma and cycles[1].draft_ms > 0
     assert fixed_cycles[0].gamma == 3

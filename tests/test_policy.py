@@ -153,7 +153,7 @@ def test_costs_are_learned_from_steady_cycles_only():
 def test_a_probe_that_catches_up_does_not_keep_the_policy_at_zero():
     """Acceptance recovers; the probes' catch-up costs stay out of the per-token estimate."""
     policy = trained(cheap_good_cycle, [2, 4, 3, 5, 2, 4])
-    policy.accepted, policy.verified = 0.0, 20.0  # a bad stretch of text: α near 0
+    policy.accepted, policy.verified = 0.0, 200.0  # a bad stretch of text: α near 0
     gammas = []
     for _ in range(40):
         gamma = policy.choose()
@@ -225,18 +225,20 @@ def test_probe_every_is_configurable():
 
 def test_acceptance_estimate_counts_verified_tokens():
     """α = accepted / verified, verified = accepted + the one rejected token (README: Statistics)."""
-    policy = GammaPolicy(prior_alpha=0.6, prior_weight=2.0, decay=0.9)
+    policy = GammaPolicy(prior_alpha=0.6, prior_weight=2.0, pair_weight=8.0, decay=0.9)
     policy.observe(CycleCosts(4, 2, 4.0, 1.0, 10.0, 1.0, 1.0))  # 2 accepted, 3 verified
     assert (policy.accepted, policy.verified) == (2.0, 3.0)
-    assert policy.alpha == pytest.approx((2 + 1.2) / (3 + 2))
+    assert policy.pair_alpha == pytest.approx((2 + 1.2) / (3 + 2))  # the replica's, on its prior
+    assert policy.alpha == pytest.approx((2 + 8 * policy.pair_alpha) / (3 + 8))  # the session's, on the replica's
     policy.observe(CycleCosts(4, 4, 4.0, 1.0, 10.0, 1.0, 1.0))  # all accepted: 4 verified
     assert policy.accepted == pytest.approx(0.9 * 2 + 4)
     assert policy.verified == pytest.approx(0.9 * 3 + 4)
     policy.observe(CycleCosts(3, 0, 3.0, 1.0, 10.0, 1.0, 1.0))  # first rejected: 1 verified
     assert policy.verified == pytest.approx(0.9 * (0.9 * 3 + 4) + 1)
-    before = (policy.accepted, policy.verified)
-    policy.observe(CycleCosts(0, 0, 0.0, 0.0, 10.0, 1.0, 1.0))  # γ = 0 verifies no draft
-    assert (policy.accepted, policy.verified) == before
+    before, pair = (policy.accepted, policy.verified), policy.pair_alpha
+    policy.observe(CycleCosts(0, 0, 0.0, 0.0, 10.0, 1.0, 1.0))  # γ = 0 verifies no draft, and the evidence fades
+    assert (policy.accepted, policy.verified) == (0.9 * before[0], 0.9 * before[1])
+    assert policy.pair_alpha == pair
     perfect = GammaPolicy(prior_alpha=1.0)
     for _ in range(5):
         perfect.observe(cheap_good_cycle(4))
@@ -356,6 +358,100 @@ def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
     assert loaded.choose() == 0 == brute_force_choice(loaded, loaded.max_gamma)
 
 
+# --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
+
+
+def remote_cycle(gamma: int, accepted: int, guessed: bool | None = None) -> CycleCosts:
+    """A lone session's cycle with its workers a 40 ms round trip away (loaded_cycle's costs)."""
+    return replace(loaded_cycle(gamma, 1), accepted=accepted, latency_ms=40.0,
+                   draft_latency_ms=40.0 if gamma else 0.0, guessed=guessed)
+
+
+def replica_that_saw(accepted_of_4: list[int], **settings) -> GammaPolicy:
+    """The replica's policy (settings, costs, acceptance) after sessions drafted 4-token blocks
+    that accepted these many tokens."""
+    replica = GammaPolicy(**settings)
+    for a in accepted_of_4:
+        session = replica.for_session()
+        session.observe(remote_cycle(4, a))
+    return replica
+
+
+def test_a_new_session_stands_on_the_replicas_acceptance():
+    """Across a round trip, a session whose first two blocks are rejected at their first token
+    keeps drafting where the replica has seen this draft right two times in three; on its own
+    evidence alone (no replica weight) it would stop at γ = 0."""
+    seen = [4, 2, 3, 0, 4, 1] * 6
+    replica = replica_that_saw(seen)
+    assert 0.6 < replica.pair_alpha < 0.8
+    session = replica.for_session()
+    assert session.alpha == pytest.approx(replica.pair_alpha)
+    lone = replica_that_saw(seen, pair_weight=0.0).for_session()
+    for policy in (session, lone):
+        policy.observe(remote_cycle(4, 0))
+        policy.observe(remote_cycle(4, 0))
+    assert session.choose() >= 2 and lone.choose() == 0
+    for _ in range(20):  # a long stretch of text the draft cannot follow: the session's own evidence wins
+        session.observe(remote_cycle(2, 0))
+    assert session.alpha < replica.pair_alpha / 2 and session.choose() == 0
+
+
+def test_a_sessions_evidence_fades_while_it_does_not_draft():
+    """γ = 0 cycles carry no acceptance, but the text moves on: the session's α drifts back to the
+    replica's, and the probe that ends the streak drafts the block that α is worth."""
+    replica = replica_that_saw([4, 3, 2, 4] * 10)
+    session = replica.for_session()
+    for _ in range(6):
+        session.observe(remote_cycle(2, 0))
+    assert session.choose() == 0
+    low = session.alpha
+    gaps = []
+    while (gamma := session.choose()) == 0:
+        session.observe(remote_cycle(0, 0))
+        gaps.append(abs(session.alpha - replica.pair_alpha))
+    assert gaps == sorted(gaps, reverse=True) and session.alpha > low
+    drafted = replica.for_session(session.to_dict() | {"accepted": 0.0, "verified": 6.0})  # as before the streak
+    assert gamma >= max(1, drafted.rates(8).index(max(drafted.rates(8)[1:])))
+
+
+def test_drafting_ahead_saves_the_draft_call_it_guesses():
+    """Alone, a block drafted ahead skips the next cycle's draft call (a round trip here) with
+    probability α^γ · (the replica's rate of right guesses): the policy charges drafting that much
+    less, and drafts more."""
+    replica = replica_that_saw([4, 3, 4, 2] * 10)
+    for _ in range(20):
+        replica.for_session().observe(remote_cycle(4, 4, guessed=True))
+    policy = replica.for_session()
+    costs, alpha = policy.costs, policy.alpha
+    guessed = (policy.pair.hits + 2 * alpha) / (policy.pair.guesses + 2)
+    assert guessed > 0.9
+    plain, ahead = costs.cycles_ms(8), costs.cycles_ms(8, policy.ahead_rates(8))
+    draft_call = costs.draft_call_ms + costs.draft_latency_ms
+    for g in range(1, 9):
+        saved = alpha ** g * guessed * (g * costs.draft_ms_per_token() + draft_call)
+        assert ahead[g] == pytest.approx(plain[g] - saved)
+    assert ahead[0] == plain[0]
+    assert policy.choose(ahead=True) >= policy.choose() > 0
+    assert policy.tokens_per_ms(3, ahead=True) > policy.tokens_per_ms(3)
+    for _ in range(200):  # guesses that never come true save nothing
+        replica.for_session().observe(remote_cycle(4, 4, guessed=False))
+    assert max(replica.for_session().ahead_rates(8)) < 0.05
+
+
+def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
+    """A drafting cycle makes one call more, and the orchestrator's CPU is mostly per call: its
+    draft call's share is learned from drafting cycles and charged to γ > 0 only."""
+    def cpu(cycle: CycleCosts) -> CycleCosts:
+        return replace(cycle, overhead_ms=1.0, draft_overhead_ms=0.5 if cycle.gamma else 0.0)
+
+    policy = trained(lambda g: cpu(loaded_cycle(g, 4)), [0, 2, 4, 0, 1, 3] * 4)
+    costs = policy.costs
+    assert costs.overhead_ms == pytest.approx(1.0) and costs.draft_overhead_ms == pytest.approx(0.5)
+    cycles = costs.cycles_ms(3)
+    unaware = replace(costs, draft_overhead_ms=0.0).cycles_ms(3)
+    assert cycles[0] == unaware[0] and all(c == pytest.approx(u + 0.5) for c, u in zip(cycles[1:], unaware[1:]))
+
+
 def test_a_call_without_a_batching_report_counts_as_alone():
     reported = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 3)
     silent = trained(lambda g: replace(loaded_cycle(g, 1), draft_batching=None, verify_batching=None), [2, 4, 1, 3] * 3)
@@ -369,14 +465,14 @@ def test_a_session_stores_its_acceptance_and_shares_the_replicas_costs():
     policy = trained(cheap_good_cycle, [4, 8, 6, 2, 8, 0, 0, 3])
     state = json.loads(json.dumps(policy.to_dict()))
     assert set(state) == set(ACCEPTANCE) and state["accepted"] > 0
-    replica = GammaPolicy(costs=policy.costs)  # the replica's: its costs, no acceptance
+    replica = GammaPolicy(costs=policy.costs, pair=policy.pair)  # the replica's: its costs and pair, no session
     restored = replica.for_session(state)
-    assert restored == policy and restored.costs is policy.costs
+    assert restored == policy and restored.costs is policy.costs and restored.pair is policy.pair
     for limit in range(5):
         assert restored.choose(limit) == policy.choose(limit)
     fresh = replica.for_session()
     assert fresh.costs is policy.costs and fresh.to_dict() == ACCEPTANCE
-    assert fresh.alpha == pytest.approx(fresh.prior_alpha)
+    assert fresh.alpha == pytest.approx(fresh.pair_alpha) and fresh.pair_alpha > fresh.prior_alpha
     n = policy.costs.verify_pass.n
     fresh.observe(costly_bad_cycle(3))  # measures the replica's costs, and only its own acceptance
     assert policy.costs.verify_pass.n > n and restored.to_dict() == state and fresh.accepted == 0.0
