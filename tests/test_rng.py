@@ -1,10 +1,13 @@
 """tandem.math.rng: counter-based uniforms keyed by (seed, position, purpose)."""
 
+from enum import IntEnum
+
 import numpy as np
 import pytest
 from scipy.stats import kstest
 
-from tandem.math.rng import CYCLE_KEYS, Purpose, _splitmix64, cycle_uniforms, uniform, uniforms
+from tandem.math.rng import (CYCLE_KEYS, PURPOSE_BITS, Purpose, _splitmix64, check_purposes, cycle_uniforms, uniform,
+                             uniforms)
 
 P_MIN = 1e-3
 
@@ -26,6 +29,18 @@ def test_values_are_pinned():
     assert uniform(2**64 - 1, 7, Purpose.ACCEPT) == 0.1604421406248715
     assert uniform(123456789, 31, Purpose.RECOVERED) == 0.6926510506721784
     assert [int(p) for p in Purpose] == [1, 2, 3, 4, 5, 6, 7]  # part of the key: never renumber
+
+
+def test_a_purpose_that_does_not_fit_its_bits_is_refused():
+    """A ninth purpose would spill into the position's bits: purpose 9 at an odd position is
+    DRAFT's key there, another purpose's numbers reused without a word. check_purposes (run on
+    Purpose at import) refuses it, and 0 (the key of no purpose)."""
+    check_purposes(Purpose)
+    assert (5 << PURPOSE_BITS | 9) == (5 << PURPOSE_BITS | Purpose.DRAFT)  # what it guards against
+    for value in (8, 0):
+        wider = IntEnum("Wider", {p.name: int(p) for p in Purpose} | {"NEW": value})
+        with pytest.raises(ValueError, match=f"NEW = {value} does not fit the key's 3 purpose bits"):
+            check_purposes(wider)
 
 
 def _reference_splitmix64(x: int) -> int:

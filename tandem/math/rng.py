@@ -17,6 +17,7 @@ and every later cycle starts past it.
 from enum import IntEnum
 
 _MASK = (1 << 64) - 1
+PURPOSE_BITS = 3  # a key is position << PURPOSE_BITS | purpose: values 1 … 7 are taken
 CYCLE_KEYS = 128  # keys per cycle: a chain's drafted tokens, a tree's n nodes and its n + 1 rows fit
 
 
@@ -34,6 +35,19 @@ class Purpose(IntEnum):
     TREE_RECOVERED = 7
 
 
+def check_purposes(purposes: type[IntEnum]) -> None:
+    """Refuse purposes that do not fit PURPOSE_BITS: one that did not would share keys with the
+    next position's numbers of another purpose, silently. (A new purpose needs a wider field,
+    which changes every key: every seeded output with it.)"""
+    for p in purposes:
+        if not 0 < p < 1 << PURPOSE_BITS:
+            raise ValueError(f"purpose {p.name} = {int(p)} does not fit the key's {PURPOSE_BITS} purpose bits "
+                             f"(1 … {(1 << PURPOSE_BITS) - 1})")
+
+
+check_purposes(Purpose)
+
+
 def _splitmix64(x: int) -> int:
     x = (x + 0x9E3779B97F4A7C15) & _MASK
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
@@ -43,7 +57,7 @@ def _splitmix64(x: int) -> int:
 
 def uniform(seed: int, position: int, purpose: Purpose) -> float:
     """A float64 in [0, 1) keyed by (seed, absolute token position, purpose)."""
-    key = _splitmix64(_splitmix64(seed & _MASK) ^ (position << 3 | int(purpose)))
+    key = _splitmix64(_splitmix64(seed & _MASK) ^ (position << PURPOSE_BITS | int(purpose)))
     return (key >> 11) * 2.0**-53
 
 
