@@ -40,6 +40,8 @@ from tandem.capacity import Cluster, Costs, simulate
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.services.llama import LlamaPass
 
+from forward_pass import forward_ms  # beside this script in benchmarks/
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
@@ -149,21 +151,15 @@ PASS_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 72)
 
 
 def pass_ms(model_dir: Path, sizes: tuple[int, ...], repetitions: int = 15) -> dict[int, float]:
-    """One forward pass of n tokens after a 50-token prompt, per n → its median ms, through the
-    runtime's pass on one thread, as a worker here runs it."""
+    """One forward pass of n tokens after a 50-token prompt (forward_pass.forward_ms), per n → its
+    median ms, through the runtime's pass on one thread, as a worker here runs it."""
     torch.set_num_threads(1)
     run = LlamaPass(AutoModelForCausalLM.from_pretrained(model_dir).eval(), column_major=True)
-    prompt = list(range(10, 60))
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with torch.inference_mode():
         for _ in range(repetitions):
             for n in sizes:
-                cache = run.new_cache()
-                run.forward(cache, 0, prompt, keep=1)
-                start = time.perf_counter()
-                run.forward(cache, len(prompt), list(range(100, 100 + n)), keep=n)
-                times[n].append((time.perf_counter() - start) * 1e3)
-                run.release(cache)
+                times[n].append(forward_ms(run, n))
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
