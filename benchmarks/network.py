@@ -13,14 +13,16 @@ every orchestrator↔worker link through a user-space delay proxy (the kernel he
 stdin (`delay * 20`, `drop draft-0`, ...). `sweep` runs, per delay, workload (greedy, T = 1) and
 sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos so that every
 stream is max_tokens long, --repeats times in a new order each round; a point's tokens/s per mode
-is its median run. Needs root (network namespaces). `calibrate` predicts each fixed-γ point with
-tandem.capacity.simulate from costs measured apart from it (`_costs`).
+is its median run, and it times both models' passes before and after its points. Needs root
+(network namespaces). `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the
+bed's processes sharing the host's cores, from costs measured apart from it (`_costs`).
 
 Writes results/network/sweep.{json,md,png} and calibration.{json,md,png}.
 """
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -37,6 +39,7 @@ from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.bench.summary import acceptance, concurrency_row
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, simulate
+from tandem.math.analytic import expected_tokens
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.services.llama import LlamaPass
 
@@ -89,6 +92,10 @@ def sweep(args) -> None:
     rng = random.Random(args.seed)
     rows = []
     OUT.mkdir(parents=True, exist_ok=True)
+    # The passes timed on this machine as it is now, the bed idle: calibrate's costs. Timed again
+    # after the points, for the drift (a pass here can take 25 % more or less an hour later).
+    prompt = round(sum(map(len, prompts)) / len(prompts))
+    timings = [time_passes(draft, target, prompt)]
     with NetworkCluster(draft, target, delay_ms=delays[0]) as cluster:
         concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 2, 0)  # warm-up
         start = time.time()
@@ -110,7 +117,9 @@ def sweep(args) -> None:
                   f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
                   + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ {adaptive['mean_gamma'] or 0:.2f})"
                      if adaptive else ""), flush=True)
-            write(rows, args)
+            write(rows, args, timings)
+        timings.append(time_passes(draft, target, prompt))
+        write(rows, args, timings)
 
 
 def calibrate(args) -> None:
@@ -122,14 +131,15 @@ def calibrate(args) -> None:
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompts = [len(tokenizer.encode(json.loads(line)["prompt"])) for line in open(HELDOUT_PROMPTS)]
     prompt = round(sum(prompts) / len(prompts))
-    passes = {"draft": pass_ms(Path(draft), PASS_TOKENS), "target": pass_ms(Path(target), PASS_TOKENS + (prompt,))}
+    passes = _passes(args, sweep, draft, target, prompt)
+    cores = args.host_cores or sweep.get("host_cores") or os.cpu_count()
     out = []
     for r in rows:
         gamma = _gamma_of(r["mode"])
         if gamma is None:
             continue
         costs = _costs(rows, passes, prompt, r, gamma)
-        cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"])
+        cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores)
         predicted = simulate(costs, cluster, gamma, seed=args.seed).tokens_per_s
         out.append({"delay_ms": r["delay_ms"], "workload": r["workload"], "in_flight": r["in_flight"], "gamma": gamma,
                     "measured": r["aggregate_tokens_per_s"], "predicted": predicted,
@@ -144,6 +154,23 @@ def calibrate(args) -> None:
               f"{o['predicted']:.1f} | {o['ratio']:.2f} |" for o in out]
     (where / "calibration.md").write_text("\n".join(lines) + "\n")
     plot_calibration(out, where / "calibration.png")
+
+
+def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
+    """The pass timings calibrate uses: --passes FILE's, else the sweep's own (the mean of its
+    timings before and after its points), else timed now. JSON keeps the sizes as strings."""
+    if args.passes:
+        timings = [json.loads(Path(args.passes).read_text())["pass_ms"]]
+    elif sweep.get("pass_ms"):
+        timings = sweep["pass_ms"]
+    else:
+        return time_passes(draft, target, prompt)
+    return {model: {int(n): float(np.mean([t[model][n] for t in timings])) for n in timings[0][model]}
+            for model in ("draft", "target")}
+
+
+def time_passes(draft: str, target: str, prompt: int) -> dict:
+    return {"draft": pass_ms(Path(draft), PASS_TOKENS), "target": pass_ms(Path(target), PASS_TOKENS + (prompt,))}
 
 
 # Pass sizes calibrate measures: a lone session's steps and blocks, and 8 sessions' passes.
@@ -174,23 +201,42 @@ def _line(passes: dict[int, float], low: int, high: int) -> tuple[float, float]:
 
 
 def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> Costs:
-    """A point's costs, none read from its own tokens/s: the passes' lines where its passes lie
-    (a session's γ + 1 tokens up to every session's), the target's prefill as the tokens its
-    line takes as long as the measured prefill, α from the workload's drafting runs alone, the
-    round trip and the orchestrator's time per cycle from γ = 0's lone cycles at its delay."""
-    n = point["in_flight"]
+    """A point's costs, none read from its tokens/s or from any run with others in flight:
+    - the passes' lines where its passes lie (a session's γ + 1 tokens up to every session's),
+      and the target's prefill as the tokens its line takes as long as the measured prefill;
+    - α as the i.i.d. rate that gives the mean acceptance length its γ had in the workload's
+      lone runs (at every delay: acceptance does not depend on it);
+    - from γ = 0's lone cycles: the call's CPU as the verifier's time beyond its pass plus the
+      transport at zero delay (gRPC's encoding, the delay proxy's relaying, the event loops),
+      the round trip as what the transport takes more at the point's delay, and the
+      orchestrator's time per cycle;
+    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ."""
+    n, workload = point["in_flight"], point["workload"]
     target = _line(passes["target"], gamma + 1, max(gamma + 2, n * (gamma + 1)))
     draft = _line(passes["draft"], 1, max(2, n))
-    drafting = [r for r in rows if r["in_flight"] == 1 and r["mean_gamma"] and r["mode"] != "adaptive"
-                and r["workload"] == point["workload"]]
-    plain = [r for r in rows if r["in_flight"] == 1 and r["mode"] == cluster_mode(0)
-             and r["delay_ms"] == point["delay_ms"]]
+    alone = [r for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r["mode"] != "adaptive"]
+    same_gamma = [r for r in alone if r["mode"] == point["mode"]]
+    alpha = _alpha_for(float(np.mean([r["mean_acceptance_length"] for r in same_gamma])), gamma) if gamma else 0.0
+    plain = {r["delay_ms"]: r["cycle"] for r in alone if r["mode"] == cluster_mode(0)}
+    drafting = [r for r in alone if r["mean_gamma"]]
+    per_token, _ = np.polyfit([r["mean_gamma"] for r in drafting], [r["cycle"]["draft_ms"] for r in drafting], 1)
     prefill = (passes["target"][prompt] - target[0]) / target[1] if target[1] else prompt
-    return Costs(draft_pass=draft, target_pass=target,
-                 alpha=float(np.median([r["acceptance_rate"] for r in drafting])),
-                 rtt_ms=float(np.mean([r["cycle"]["transport_ms"] for r in plain])),
-                 orchestrator_ms=float(np.mean([r["cycle"]["orchestration_ms"] for r in plain])),
+    return Costs(draft_pass=draft, target_pass=target, alpha=alpha,
+                 rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
+                 orchestrator_ms=plain[0.0]["orchestration_ms"],
+                 call_ms=max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"],
+                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
                  prompt_tokens=max(1, round(prefill)))
+
+
+def _alpha_for(length: float, gamma: int) -> float:
+    """The α whose i.i.d. acceptance gives `length` tokens per cycle at γ (bisection; the
+    expected length rises with α)."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens(mid, gamma) < length else (low, mid)
+    return (low + high) / 2
 
 
 def _key(r: dict) -> tuple:
@@ -252,8 +298,9 @@ def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
     return best, adaptive, zero
 
 
-def write(rows: list[dict], args) -> None:
-    (OUT / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "rows": rows}, indent=1))
+def write(rows: list[dict], args, timings: list[dict]) -> None:
+    (OUT / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "host_cores": os.cpu_count(),
+                                                "pass_ms": timings, "rows": rows}, indent=1))
     lines = ["| delay (ms) | workload | in flight | best fixed γ | its tokens/s | adaptive tokens/s | adaptive / best "
              "| adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
     for key in sorted({_key(r) for r in rows}):
@@ -310,6 +357,10 @@ def main() -> None:
     p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
     p_cal.add_argument("--sweep", default=str(OUT / "sweep.json"), help="a sweep's results (JSON)")
     p_cal.add_argument("--out", default=str(OUT), help="where calibration.{json,md,png} go")
+    p_cal.add_argument("--passes", help="the pass timings of this calibration.json (default: the sweep's own, "
+                                        "or timed now for a sweep without them)")
+    p_cal.add_argument("--host-cores", type=int, help="the cores the test bed's processes shared (default: the "
+                                                      "sweep's machine's, or this one's)")
     p_cal.add_argument("--seed", type=int, default=0)
     p_cal.set_defaults(func=calibrate)
     args = parser.parse_args()

@@ -6,9 +6,10 @@ The model. S sessions run at once, closed loop: when one has its `tokens_per_ses
 new one takes its slot at once. Slot i uses drafter i mod N, verifier i mod M and orchestrator
 replica i mod R. A cycle of a session:
 
-  1. (γ > 0) a draft call: rtt/2 to its drafter, γ steps of 1 token there, call_ms and rtt/2 back;
+  1. (γ > 0) a draft call: rtt/2 to its drafter, γ steps of 1 token there, call_ms +
+     γ · draft_token_ms of CPU and rtt/2 back;
   2. a verify call: rtt/2 to its verifier, one step of γ + 1 tokens (a new session's first cycle
-     is its prefill: prompt_tokens, and no draft), call_ms and rtt/2 back;
+     is its prefill: prompt_tokens, and no draft), call_ms of CPU and rtt/2 back;
   3. orchestrator_ms on its replica's CPU, one cycle at a time per replica (FIFO).
 
 A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
@@ -16,9 +17,12 @@ back to back; a pass takes the next step of the waiting jobs in arrival order, w
 fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
 tokens). A γ-token draft takes part in γ passes; a job that arrives during a pass waits for the
 next. call_ms is the worker's CPU outside passes, taken to run beside the device (it delays the
-call, not the passes). A drafting cycle accepts k tokens, drawn i.i.d. (each drafted token
-accepted with probability α until the first rejection, k ≤ γ), and outputs k + 1 (a prefill: 1);
-the last cycle of a session outputs only what the session still lacks.
+call, not the passes). Each worker and replica has a processor of its own, unless the cluster
+shares a host's cores (Cluster.host_cores, as the test bed's processes share 2): then passes,
+calls and the orchestrator's cycles all run on those cores, shared as an OS shares them
+(_Cores). A drafting cycle accepts k tokens, drawn i.i.d. (each drafted token accepted with
+probability α until the first rejection, k ≤ γ), and outputs k + 1 (a prefill: 1); the last
+cycle of a session outputs only what the session still lacks.
 
 Measuring. Slots start mid-session at uniformly drawn points, their first cycles spread over
 a lone cycle (as a cluster in its steady state has them), and the first thousand cycles (eight
@@ -85,6 +89,7 @@ class Costs:
     rtt_ms: float = 0.0  # orchestrator ↔ worker round trip, once per call
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
     call_ms: float = 0.0  # a worker's CPU per call outside its passes
+    draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
     prompt_tokens: int = 128  # a new session's prefill
     max_batch_tokens: int = 512  # the most tokens one pass takes
 
@@ -95,7 +100,7 @@ class Costs:
                      "must be (intercept, slope), both >= 0")
         _require(sum(self.target_pass) > 0, "target_pass", "must cost > 0 (intercept + slope)")
         _require(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
-        for name in ("rtt_ms", "orchestrator_ms", "call_ms"):
+        for name in ("rtt_ms", "orchestrator_ms", "call_ms", "draft_token_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
@@ -142,9 +147,13 @@ class Cluster:
     sessions: int
     replicas: int = 1
     tokens_per_session: int = 256
+    # 0: every worker and replica has a processor of its own. n: all of them, passes included,
+    # share n cores of one host (a test bed, or CPU workers on one node): _Cores.
+    host_cores: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.drafters, int) and self.drafters >= 0, "drafters", "must be an integer >= 0")
+        _require(isinstance(self.host_cores, int) and self.host_cores >= 0, "host_cores", "must be an integer >= 0")
         for name in ("verifiers", "sessions", "replicas", "tokens_per_session"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
@@ -197,8 +206,8 @@ def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     a_d, b_d = costs.draft_pass
     a_v, b_v = costs.target_pass
     calls = 2 if gamma > 0 else 1
-    return (gamma * (a_d + b_d) + a_v + b_v * (gamma + 1) + calls * (costs.rtt_ms + costs.call_ms)
-            + costs.orchestrator_ms)
+    return (gamma * (a_d + b_d + costs.draft_token_ms) + a_v + b_v * (gamma + 1)
+            + calls * (costs.rtt_ms + costs.call_ms) + costs.orchestrator_ms)
 
 
 def closed_form_tokens_per_s(costs: Costs, gamma: int) -> float:
@@ -219,7 +228,57 @@ def _accepted(rng: random.Random, alpha: float, gamma: int) -> int:
 
 # --- the simulation --------------------------------------------------------------------------
 
-_ARRIVE, _PASS_END, _CYCLE_END, _START = range(4)
+_ARRIVE, _PASS_END, _CYCLE_END, _START, _CALL_END, _REPLY, _CORES = range(7)
+
+
+class _Cores:
+    """The CPU that work runs on. With no host (cores == 0) a task has a processor of its own
+    and ends `work` ms after it starts. On a host of n cores, all tasks share them as an OS's
+    scheduler shares its cores among runnable threads: while k run, each advances at
+    min(1, n / k) ms of work per ms (processor sharing), so a pass slows while the other
+    worker's pass or the orchestrator's CPU runs beside it. One pending event, stamped with a
+    version, stands for the next task to end; a task that starts or ends re-stamps it."""
+
+    __slots__ = ("run", "cores", "tasks", "since", "version")
+
+    def __init__(self, run: _Run, cores: int) -> None:
+        self.run, self.cores = run, cores
+        self.tasks: list[list] = []  # [work left (ms), event kind, what]
+        self.since = 0.0  # when the tasks' work left was last brought up to date
+        self.version = 0
+
+    def start(self, work: float, kind: int, what) -> None:
+        if not self.cores:
+            self.run.at(self.run.now + work, kind, what)
+            return
+        self.advance()
+        self.tasks.append([work, kind, what])
+        self.stamp()
+
+    def rate(self) -> float:
+        return min(1.0, self.cores / len(self.tasks)) if self.tasks else 1.0
+
+    def advance(self) -> None:
+        done = (self.run.now - self.since) * self.rate()
+        for task in self.tasks:
+            task[0] -= done
+        self.since = self.run.now
+
+    def stamp(self) -> None:
+        self.version += 1
+        if self.tasks:
+            soonest = min(task[0] for task in self.tasks)
+            self.run.at(self.run.now + max(soonest, 0.0) / self.rate(), _CORES, self.version)
+
+    def ended(self, version: int) -> list[list]:
+        """The tasks that end now ([] for a stale stamp), taken off the cores."""
+        if version != self.version:
+            return []
+        self.advance()
+        done = [t for t in self.tasks if t[0] <= 1e-9]
+        self.tasks = [t for t in self.tasks if t[0] > 1e-9]
+        self.stamp()
+        return done
 
 
 class _Worker:
@@ -260,7 +319,9 @@ class _Run:
         self.rng = random.Random(seed)
         self.drafters = [_Worker(True, costs.draft_pass, costs.max_batch_tokens) for _ in range(cluster.drafters)]
         self.verifiers = [_Worker(False, costs.target_pass, costs.max_batch_tokens) for _ in range(cluster.verifiers)]
-        self.replica_free = [0.0] * cluster.replicas
+        self.replica_busy = [False] * cluster.replicas
+        self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # slots, FIFO
+        self.cores = _Cores(self, cluster.host_cores)
         self.half_rtt = costs.rtt_ms / 2
         # E[min(k + 1, left)] = expected_tokens(α, left - 1) while left <= γ + 1 (the module's docstring).
         self.expected = [0.0] + [expected_tokens(costs.alpha, min(n - 1, gamma)) for n in range(1, gamma + 2)]
@@ -295,24 +356,34 @@ class _Run:
             self.at(t, _ARRIVE, (self.verifiers[slot % len(self.verifiers)], slot, 1, 1))
 
     def job_done(self, worker: _Worker, slot: int) -> None:
-        back = self.now + self.costs.call_ms + self.half_rtt
+        """The job's last step ran: the worker's CPU answers the call."""
+        work = self.costs.call_ms + (self.gamma * self.costs.draft_token_ms if worker.drafts else 0.0)
+        self.cores.start(work, _CALL_END, (worker, slot))
+
+    def call_end(self, worker: _Worker, slot: int) -> None:
+        back = self.now + self.half_rtt
         if worker.drafts:
             # The orchestrator sends the block on to the verifier as soon as it has it.
             verifier = self.verifiers[slot % len(self.verifiers)]
             self.at(back + self.half_rtt, _ARRIVE, (verifier, slot, 1, self.gamma + 1))
         else:
-            self.orchestrate(slot, back)
+            self.at(back, _REPLY, slot)
 
-    def orchestrate(self, slot: int, back: float) -> None:
-        """The verify answer reaches the replica at `back`: its CPU runs the cycles in turn.
-        Every answer takes as long to come back, and passes end in time order, so answers
-        reach a replica in the order this is called: its queue is a running "free at"."""
-        replica = slot % len(self.replica_free)
-        done = max(back, self.replica_free[replica]) + self.costs.orchestrator_ms
-        self.replica_free[replica] = done
-        self.at(done, _CYCLE_END, slot)
+    def reply(self, slot: int) -> None:
+        """The verify answer reaches the session's replica, whose CPU runs cycles one at a time."""
+        replica = slot % len(self.replica_busy)
+        if self.replica_busy[replica]:
+            self.replica_queue[replica].append(slot)
+        else:
+            self.replica_busy[replica] = True
+            self.cores.start(self.costs.orchestrator_ms, _CYCLE_END, slot)
 
     def end_cycle(self, slot: int) -> None:
+        replica = slot % len(self.replica_busy)
+        if self.replica_queue[replica]:
+            self.cores.start(self.costs.orchestrator_ms, _CYCLE_END, self.replica_queue[replica].pop(0))
+        else:
+            self.replica_busy[replica] = False
         self.cycles += 1
         if self.prefill[slot]:
             self.prefill[slot] = False
@@ -346,7 +417,7 @@ class _Run:
         if self.measuring:
             worker.passes += 1
             worker.tokens += tokens
-        self.at(self.now + worker.intercept + worker.slope * tokens, _PASS_END, worker)
+        self.cores.start(worker.intercept + worker.slope * tokens, _PASS_END, worker)
 
     def end_pass(self, worker: _Worker) -> None:
         if self.measuring:
@@ -415,21 +486,32 @@ class _Run:
         heap, pop = self.heap, heapq.heappop
         while True:
             self.now, _, kind, what = pop(heap)
-            if kind == _ARRIVE:
-                self.arrive(*what)
-            elif kind == _PASS_END:
-                self.end_pass(what)
-            elif kind == _START:
-                self.start_cycle(what)
-            else:
-                self.end_cycle(what)
-                if not self.measuring:
-                    if self.cycles >= window.warmup_cycles:
-                        self.begin_window()
-                elif self.cycles % window.block_cycles == 0:
-                    self.end_block()
-                    if self.precise(window.precision) or self.cycles >= window.max_cycles:
-                        return self.prediction()
+            events = [(t[1], t[2]) for t in self.cores.ended(what)] if kind == _CORES else [(kind, what)]
+            for kind, what in events:
+                if self.handle(kind, what, window):
+                    return self.prediction()
+
+    def handle(self, kind: int, what, window: Window) -> bool:
+        """One event → whether the window is measured."""
+        if kind == _ARRIVE:
+            self.arrive(*what)
+        elif kind == _PASS_END:
+            self.end_pass(what)
+        elif kind == _CALL_END:
+            self.call_end(*what)
+        elif kind == _REPLY:
+            self.reply(what)
+        elif kind == _START:
+            self.start_cycle(what)
+        elif kind == _CYCLE_END:
+            self.end_cycle(what)
+            if not self.measuring:
+                if self.cycles >= window.warmup_cycles:
+                    self.begin_window()
+            elif self.cycles % window.block_cycles == 0:
+                self.end_block()
+                return self.precise(window.precision) or self.cycles >= window.max_cycles
+        return False
 
     def prediction(self) -> Prediction:
         window = self.now - self.t0
@@ -547,7 +629,8 @@ def drafter_counts(verifiers: int, max_drafters_per_verifier: float) -> list[int
 
 def plan_cluster(costs: Costs, sessions: int, verifiers: int, max_drafters_per_verifier: float = 2.0,
                  gammas: Iterable[int] = range(0, 9), replicas: int = 1, *, draft_gpu_cost: float = 1.0,
-                 tokens_per_session: int = 256, seed: int = 0, precision: float = PRECISION) -> Plan:
+                 tokens_per_session: int = 256, host_cores: int = 0, seed: int = 0,
+                 precision: float = PRECISION) -> Plan:
     """Simulate every drafter count (drafter_counts) with every γ > 0 of gammas, and plain target
     decoding once, with no drafters (γ = 0 would leave drafters idle, so it is not tried with
     them, whatever gammas holds); recommend the configuration with the most tokens/s per GPU,
@@ -560,7 +643,7 @@ def plan_cluster(costs: Costs, sessions: int, verifiers: int, max_drafters_per_v
     _require(draft_gpu_cost >= 0, "draft_gpu_cost", "must be >= 0")
     rows = []
     for drafters in drafter_counts(verifiers, max_drafters_per_verifier):
-        cluster = Cluster(drafters, verifiers, sessions, replicas, tokens_per_session)
+        cluster = Cluster(drafters, verifiers, sessions, replicas, tokens_per_session, host_cores)
         for gamma in ([0] if drafters == 0 else [g for g in gammas if g > 0]):
             prediction = simulate(costs, cluster, gamma, seed=seed, window=Window.for_cluster(cluster, precision))
             rows.append(PlanRow(drafters, verifiers, gamma, verifiers + draft_gpu_cost * drafters, prediction))

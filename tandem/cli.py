@@ -433,16 +433,17 @@ def cmd_plan(args) -> None:
 
 
 # `tandem plan --cluster`'s own flags, refused without --cluster.
-PLAN_CLUSTER_FLAGS = ("--draft-ms", "--target-ms", "--rtt-ms", "--orchestrator-ms", "--call-ms", "--prompt-tokens",
-                      "--max-batch-tokens", "--sessions", "--verifiers", "--replicas", "--tokens-per-session",
+PLAN_CLUSTER_FLAGS = ("--draft-ms", "--target-ms", "--rtt-ms", "--orchestrator-ms", "--call-ms", "--draft-token-ms",
+                      "--prompt-tokens", "--max-batch-tokens", "--sessions", "--verifiers", "--replicas",
+                      "--tokens-per-session", "--host-cores",
                       "--max-drafters-per-verifier", "--draft-gpu-cost", "--costs", "--plot", "--seed")
 # Their defaults where a cost flag has none: tandem.capacity.Costs's own.
-PLAN_CLUSTER_DEFAULTS = {"sessions": 64, "verifiers": 4, "replicas": 1, "tokens_per_session": 256,
+PLAN_CLUSTER_DEFAULTS = {"sessions": 64, "verifiers": 4, "replicas": 1, "tokens_per_session": 256, "host_cores": 0,
                          "max_drafters_per_verifier": 2.0, "draft_gpu_cost": 1.0, "seed": 0}
 # tandem.capacity.Costs's fields, as --costs FILE names them, and the flag that overrides each.
 PLAN_COST_FLAGS = {"draft_pass": "--draft-ms", "target_pass": "--target-ms", "alpha": "--alpha",
                    "rtt_ms": "--rtt-ms", "orchestrator_ms": "--orchestrator-ms", "call_ms": "--call-ms",
-                   "prompt_tokens": "--prompt-tokens", "max_batch_tokens": "--max-batch-tokens"}
+                   "draft_token_ms": "--draft-token-ms", "prompt_tokens": "--prompt-tokens", "max_batch_tokens": "--max-batch-tokens"}
 
 
 def _dest(flag: str) -> str:
@@ -497,6 +498,7 @@ def _plan_gammas(args) -> list[int]:
     checks = [("--sessions", args.sessions >= 1, ">= 1"), ("--verifiers", args.verifiers >= 1, ">= 1"),
               ("--replicas", args.replicas >= 1, ">= 1"),
               ("--tokens-per-session", args.tokens_per_session >= 1, ">= 1"),
+              ("--host-cores", args.host_cores >= 0, ">= 0"),
               ("--max-drafters-per-verifier", 0 <= args.max_drafters_per_verifier <= 64, "in [0, 64]"),
               ("--draft-gpu-cost", 0 <= args.draft_gpu_cost < float("inf"), ">= 0")]
     if args.gamma is not None:
@@ -527,11 +529,13 @@ def _plan_cluster(args) -> None:
     costs = _plan_costs(args)
     gammas = _plan_gammas(args)
     plan = plan_cluster(costs, args.sessions, args.verifiers, args.max_drafters_per_verifier, gammas, args.replicas,
-                        draft_gpu_cost=args.draft_gpu_cost, tokens_per_session=args.tokens_per_session, seed=args.seed)
+                        draft_gpu_cost=args.draft_gpu_cost, tokens_per_session=args.tokens_per_session,
+                        host_cores=args.host_cores, seed=args.seed)
     if args.plot:
         plot_plan(plan, args.plot)
     if args.json:
         print(json.dumps({"costs": dataclass_dict(costs), "sessions": args.sessions, "replicas": args.replicas,
+                          "host_cores": args.host_cores,
                           "draft_gpu_cost": args.draft_gpu_cost, **plan.as_dict()}))
         return
     print(f"{'drafters/verifier':>17} {'drafters':>8} {'best gamma':>10} {'tokens/s':>10} {'TTFT ms':>8} "
@@ -933,18 +937,22 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--cluster", action="store_true", help="plan a cluster: drafters per verifier and gamma")
     cluster.add_argument("--costs", metavar="FILE", help="a JSON object of measured costs: draft_pass, target_pass "
                                                          "([intercept, slope] ms), alpha, rtt_ms, orchestrator_ms, "
-                                                         "call_ms, prompt_tokens, max_batch_tokens")
+                                                         "call_ms, draft_token_ms, prompt_tokens, max_batch_tokens")
     cluster.add_argument("--draft-ms", metavar="INTERCEPT,SLOPE", help="a draft pass: ms + ms per token in it")
     cluster.add_argument("--target-ms", metavar="INTERCEPT,SLOPE", help="a verify pass: ms + ms per token in it")
     cluster.add_argument("--rtt-ms", type=float, help="orchestrator-worker round trip (default 0)")
     cluster.add_argument("--orchestrator-ms", type=float, help="orchestrator CPU per cycle (default 0)")
     cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes (default 0)")
+    cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
+                                                              "passes (default 0)")
     cluster.add_argument("--prompt-tokens", type=int, help="a new session's prefill (default 128)")
     cluster.add_argument("--max-batch-tokens", type=int, help="tokens per pass at most (default 512)")
     cluster.add_argument("--sessions", type=int, help="sessions in flight, closed loop (default 64)")
     cluster.add_argument("--tokens-per-session", type=int, help="tokens a session generates (default 256)")
     cluster.add_argument("--verifiers", type=int, help="target verifiers (default 4)")
     cluster.add_argument("--replicas", type=int, help="orchestrator replicas (default 1)")
+    cluster.add_argument("--host-cores", type=int, help="the CPU cores that every worker and replica share, passes "
+                                                        "included (default 0: each has its own)")
     cluster.add_argument("--max-drafters-per-verifier", type=float, help="the most drafters per verifier tried "
                                                                          "(default 2)")
     cluster.add_argument("--draft-gpu-cost", type=float, help="a draft worker's GPU, in verifier GPUs (default 1)")

@@ -16,9 +16,9 @@ ENDLESS = 10**9  # tokens per session: the session never ends, so no prefill aft
 BUSY = Costs(draft_pass=(1.0, 0.05), target_pass=(8.0, 0.3), alpha=0.7, rtt_ms=2.0, orchestrator_ms=0.2)
 
 
-def lone(costs: Costs, gamma: int, tokens_per_session: int = ENDLESS, **window):
-    return simulate(costs, Cluster(1 if gamma else 0, 1, 1, tokens_per_session=tokens_per_session), gamma,
-                    window=Window(**window) if window else None)
+def lone(costs: Costs, gamma: int, tokens_per_session: int = ENDLESS, host_cores: int = 0, **window):
+    cluster = Cluster(1 if gamma else 0, 1, 1, tokens_per_session=tokens_per_session, host_cores=host_cores)
+    return simulate(costs, cluster, gamma, window=Window(**window) if window else None)
 
 
 # --- one session alone: closed forms -----------------------------------------------------------
@@ -26,14 +26,17 @@ def lone(costs: Costs, gamma: int, tokens_per_session: int = ENDLESS, **window):
 
 @pytest.mark.parametrize("alpha, gamma, rtt_ms", [(0.8, 4, 1.0), (0.8, 0, 1.0), (0.0, 3, 0.5), (0.0, 0, 0.0),
                                                   (0.6, 1, 10.0), (0.9, 8, 0.0), (1.0, 5, 3.0), (0.5, 16, 25.0)])
-def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms):
+@pytest.mark.parametrize("host_cores", [0, 1])
+def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
+    """Alone, a session's passes, calls and cycles run one after another: one shared core serves
+    it as well as a processor per worker."""
     costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=alpha, rtt_ms=rtt_ms, orchestrator_ms=0.5,
-                  call_ms=0.3)
+                  call_ms=0.3, draft_token_ms=0.07)
     expected = closed_form_tokens_per_s(costs, gamma)
     calls = 2 if gamma else 1
-    cycle = gamma * 2.02 + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3) + 0.5  # the brief's formula, by hand
+    cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3) + 0.5  # by hand
     assert expected == pytest.approx(1e3 * expected_tokens(alpha, gamma) / cycle, rel=1e-12)
-    got = lone(costs, gamma)
+    got = lone(costs, gamma, host_cores=host_cores)
     # Exact but for rounding: every cycle is alike, and a cycle counts its expected output.
     assert got.tokens_per_s == pytest.approx(expected, rel=1e-9)
     assert got.cycle_ms == pytest.approx(cycle, rel=1e-9)
@@ -44,6 +47,25 @@ def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms):
         assert got.drafter_utilization is None
     assert got.tokens_per_verify_pass == gamma + 1
     assert got.per_session_tokens_per_s == got.tokens_per_s
+
+
+@pytest.mark.parametrize("host_cores, share", [(1, 0.5), (2, 1.0), (3, 1.0), (0, 1.0)])
+def test_sessions_on_shared_cores(host_cores, share):
+    """Two sessions on two verifiers, nothing between their passes: on one core both passes
+    always run, each at half speed (processor sharing), so the pair makes what one session
+    alone does; on two cores or more, or a processor each, twice that."""
+    costs = Costs(draft_pass=(1.0, 0.0), target_pass=(10.0, 0.0), alpha=0.5)
+    got = simulate(costs, Cluster(0, 2, 2, tokens_per_session=ENDLESS, host_cores=host_cores), 0)
+    assert got.tokens_per_s == pytest.approx(2 * share * 1e3 / 10.0, rel=1e-9)
+    assert got.verifier_utilization == pytest.approx(1.0)
+
+
+def test_shared_cores_slow_a_busy_cluster():
+    """Passes, calls and cycles that a cluster runs side by side take longer on fewer cores."""
+    costs = replace(BUSY, call_ms=0.5, draft_token_ms=0.1)
+    got = [simulate(costs, Cluster(1, 1, 8, tokens_per_session=64, host_cores=cores), 3).tokens_per_s
+           for cores in (1, 2, 4, 0)]
+    assert got == sorted(got) and got[0] < 0.8 * got[-1]
 
 
 def _cycles_for(tokens: int, alpha: float, gamma: int) -> float:
@@ -194,9 +216,11 @@ def run_json(capsys, *args: str) -> dict:
 
 def test_cli_json(capsys):
     out = run_json(capsys, *SMALL)
-    assert set(out) == {"costs", "sessions", "replicas", "draft_gpu_cost", "recommended", "best_per_ratio", "rows"}
+    assert set(out) == {"costs", "sessions", "replicas", "host_cores", "draft_gpu_cost", "recommended",
+                        "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                            "orchestrator_ms": 0.0, "call_ms": 0.0, "prompt_tokens": 128, "max_batch_tokens": 512}
+                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "prompt_tokens": 128,
+                            "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
     row_fields = {"drafters", "verifiers", "drafters_per_verifier", "gamma", "gpus", "tokens_per_s", "tokens_per_s_se",
                   "tokens_per_s_per_gpu", "per_session_tokens_per_s", "ttft_ms", "ttft_p50_ms", "ttft_p90_ms",
@@ -221,7 +245,8 @@ def test_cli_table(capsys):
 def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                "orchestrator_ms": 0.2, "call_ms": 0.1, "prompt_tokens": 32, "max_batch_tokens": 256}
+                "orchestrator_ms": 0.2, "call_ms": 0.1, "draft_token_ms": 0.05, "prompt_tokens": 32,
+                "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
@@ -240,6 +265,8 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     (["--target-ms", "0,0"], "tandem plan: --target-ms must cost > 0"),
     (["--prompt-tokens", "0"], "tandem plan: --prompt-tokens must be an integer >= 1"),
     (["--sessions", "0"], "tandem plan: --sessions must be >= 1"),
+    (["--host-cores", "-1"], "tandem plan: --host-cores must be >= 0"),
+    (["--draft-token-ms", "-1"], "tandem plan: --draft-token-ms must be >= 0"),
     (["--verifiers", "0"], "tandem plan: --verifiers must be >= 1"),
     (["--replicas", "0"], "tandem plan: --replicas must be >= 1"),
     (["--max-drafters-per-verifier", "-1"], "tandem plan: --max-drafters-per-verifier must be in [0, 64]"),
