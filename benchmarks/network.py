@@ -39,8 +39,8 @@ from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.bench.summary import acceptance, concurrency_row
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, simulate
-from tandem.math.analytic import expected_tokens
 from tandem.cli import HELDOUT_PROMPTS, default_pair
+from tandem.math.analytic import expected_tokens
 from tandem.services.llama import LlamaPass
 
 from forward_pass import forward_ms  # beside this script in benchmarks/
