@@ -147,6 +147,7 @@ def calibrate(args) -> None:
         print(f"delay {r['delay_ms']:g} ms, {r['workload']}, {r['in_flight']} in flight, γ = {gamma}: measured "
               f"{out[-1]['measured']:.1f}, predicted {predicted:.1f} tokens/s ({out[-1]['ratio']:.2f})", flush=True)
     where = Path(args.out)
+    where.mkdir(parents=True, exist_ok=True)
     (where / "calibration.json").write_text(json.dumps({"pass_ms": passes, "points": out}, indent=1))
     lines = ["| delay (ms) | workload | in flight | γ | measured tokens/s | predicted | predicted / measured |",
              "|---|---|---|---|---|---|---|"]
@@ -349,7 +350,8 @@ def main() -> None:
     p_sweep.add_argument("--gammas", default="0-8,auto")
     p_sweep.add_argument("--workloads", default="greedy,sampled")
     p_sweep.add_argument("--in-flight", default="1,8")
-    p_sweep.add_argument("--sessions", type=int, default=6, help="sessions per point (at least twice as many as in flight)")
+    p_sweep.add_argument("--sessions", type=int, default=6,
+                         help="sessions per point (at least twice as many as in flight)")
     p_sweep.add_argument("--max-tokens", type=int, default=64)
     p_sweep.add_argument("--repeats", type=int, default=3, help="runs of each mode per point (the median is kept)")
     p_sweep.add_argument("--seed", type=int, default=0)

@@ -18,8 +18,8 @@ the text moves on while γ = 0 too, and its α drifts back to the replica's.
 γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one cycle drafts
 anyway, so a stale α can recover. A probe that accepts nothing doubles the session's wait for
 the next one (up to MAX_PROBE_GAP cycles): on text the draft cannot follow, probes cost what they
-cannot win back. A drafting cycle that accepts a token brings the wait back to `probe_every`. α is learned along
-the accepted path, whatever the draft's shape (a token tree's is a path γ deep).
+cannot win back. A drafting cycle that accepts a token brings the wait back to `probe_every`. α
+is learned along the accepted path, whatever the draft's shape (a token tree's is a path γ deep).
 
 Drafting ahead (tandem.orchestrator.cycle: alone, the draft worker drafts the next block while the
 target verifies this one) saves the next cycle's draft call when the whole block is accepted
@@ -53,10 +53,10 @@ time (the workers' Batching.cost_ms: CPU time on a CPU, wall time on an accelera
 costs its worker's CPU outside the passes (Batching.handling_ms) and the orchestrator's CPU
 (tandem.cpu: its CPU per event, each worker call and the rest of a cycle being one; a drafting
 cycle pays one event more, the draft call's, which a per-cycle average had spread over γ-0
-cycles too). Time a call waited for other sessions'
-passes, for the orchestrator's event loop or for a core is nobody's cost (the others' shares
-count their work); charged as wall time it was most of a cycle at 64 sessions on 2 cores, and
-made γ climb to amortize a cost that was not there (adaptive γ fell below γ = 0 there).
+cycles too). Time a call waited for other sessions' passes, for the orchestrator's event loop
+or for a core is nobody's cost (the others' shares count their work); charged as wall time it
+was most of a cycle at 64 sessions on 2 cores, and made γ climb to amortize a cost that was not
+there (adaptive γ fell below γ = 0 there).
 
 Latency (what a cycle's calls and orchestration took beyond their CPU: the network, waits for
 the loop or a core) uses nothing, but it is the session's own time: alone, a session's speed

@@ -486,8 +486,11 @@ class _Run:
         heap, pop = self.heap, heapq.heappop
         while True:
             self.now, _, kind, what = pop(heap)
-            events = [(t[1], t[2]) for t in self.cores.ended(what)] if kind == _CORES else [(kind, what)]
-            for kind, what in events:
+            if kind != _CORES:
+                if self.handle(kind, what, window):
+                    return self.prediction()
+                continue
+            for _, kind, what in self.cores.ended(what):  # the tasks that ended now, on shared cores
                 if self.handle(kind, what, window):
                     return self.prediction()
 

@@ -403,7 +403,8 @@ def cmd_plan(args) -> None:
         return
     from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
 
-    given = [flag for flag in PLAN_CLUSTER_FLAGS if getattr(args, _dest(flag)) is not None]
+    flags = [flag for flag in _cost_flags().values() if flag != "--alpha"] + list(PLAN_CLUSTER_FLAGS)
+    given = [flag for flag in flags if getattr(args, _dest(flag)) is not None]
     if given:
         raise SystemExit(f"tandem plan: {given[0]} needs --cluster")
     if args.alpha is None:  # required here, not with --cluster (its --costs may hold it): argparse's words
@@ -432,18 +433,23 @@ def cmd_plan(args) -> None:
               + (f", speedup {out['speedup']:.3f}x over the target alone" if "speedup" in out else ""))
 
 
-# `tandem plan --cluster`'s own flags, refused without --cluster.
-PLAN_CLUSTER_FLAGS = ("--draft-ms", "--target-ms", "--rtt-ms", "--orchestrator-ms", "--call-ms", "--draft-token-ms",
-                      "--prompt-tokens", "--max-batch-tokens", "--sessions", "--verifiers", "--replicas",
-                      "--tokens-per-session", "--host-cores",
+# `tandem plan --cluster`'s own flags besides the costs' (_cost_flags), refused without --cluster.
+PLAN_CLUSTER_FLAGS = ("--sessions", "--verifiers", "--replicas", "--tokens-per-session", "--host-cores",
                       "--max-drafters-per-verifier", "--draft-gpu-cost", "--costs", "--plot", "--seed")
 # Their defaults where a cost flag has none: tandem.capacity.Costs's own.
 PLAN_CLUSTER_DEFAULTS = {"sessions": 64, "verifiers": 4, "replicas": 1, "tokens_per_session": 256, "host_cores": 0,
                          "max_drafters_per_verifier": 2.0, "draft_gpu_cost": 1.0, "seed": 0}
-# tandem.capacity.Costs's fields, as --costs FILE names them, and the flag that overrides each.
-PLAN_COST_FLAGS = {"draft_pass": "--draft-ms", "target_pass": "--target-ms", "alpha": "--alpha",
-                   "rtt_ms": "--rtt-ms", "orchestrator_ms": "--orchestrator-ms", "call_ms": "--call-ms",
-                   "draft_token_ms": "--draft-token-ms", "prompt_tokens": "--prompt-tokens", "max_batch_tokens": "--max-batch-tokens"}
+
+
+def _cost_flags() -> dict[str, str]:
+    """tandem.capacity.Costs's fields, as --costs FILE names them → the flag that overrides each:
+    its name, but for the pass lines'."""
+    from dataclasses import fields
+
+    from tandem.capacity import Costs
+
+    lines = {"draft_pass": "--draft-ms", "target_pass": "--target-ms"}
+    return {f.name: lines.get(f.name, "--" + f.name.replace("_", "-")) for f in fields(Costs)}
 
 
 def _dest(flag: str) -> str:
@@ -473,7 +479,8 @@ def _plan_costs(args):
         if not isinstance(values, dict):
             raise SystemExit(f"tandem plan: --costs {args.costs} must hold a JSON object")
         from_file = set(values)
-    for field, flag in PLAN_COST_FLAGS.items():
+    cost_flags = _cost_flags()
+    for field, flag in cost_flags.items():
         given = getattr(args, _dest(flag))
         if given is not None:
             values[field] = _pass_line(flag, given) if field.endswith("_pass") else given
@@ -481,7 +488,7 @@ def _plan_costs(args):
     try:
         return Costs.from_fields(values)
     except InvalidInput as e:
-        flag = PLAN_COST_FLAGS.get(e.field)
+        flag = cost_flags.get(e.field)
         if flag is None:
             raise SystemExit(f"tandem plan: --costs {args.costs}: {e}") from None
         if e.requirement == "is missing":
@@ -535,8 +542,7 @@ def _plan_cluster(args) -> None:
         plot_plan(plan, args.plot)
     if args.json:
         print(json.dumps({"costs": dataclass_dict(costs), "sessions": args.sessions, "replicas": args.replicas,
-                          "host_cores": args.host_cores,
-                          "draft_gpu_cost": args.draft_gpu_cost, **plan.as_dict()}))
+                          "host_cores": args.host_cores, "draft_gpu_cost": args.draft_gpu_cost, **plan.as_dict()}))
         return
     print(f"{'drafters/verifier':>17} {'drafters':>8} {'best gamma':>10} {'tokens/s':>10} {'TTFT ms':>8} "
           f"{'tokens/s per GPU':>16}")
@@ -935,9 +941,9 @@ def parser() -> argparse.ArgumentParser:
     cluster = plan.add_argument_group("--cluster", "simulate a cluster of draft workers, verifiers and orchestrator "
                                                    "replicas (tandem.capacity); --costs FILE, then the flags")
     cluster.add_argument("--cluster", action="store_true", help="plan a cluster: drafters per verifier and gamma")
-    cluster.add_argument("--costs", metavar="FILE", help="a JSON object of measured costs: draft_pass, target_pass "
-                                                         "([intercept, slope] ms), alpha, rtt_ms, orchestrator_ms, "
-                                                         "call_ms, draft_token_ms, prompt_tokens, max_batch_tokens")
+    cluster.add_argument("--costs", metavar="FILE", help="a JSON object of measured costs, the fields of "
+                                                         "tandem.capacity.Costs (" + ", ".join(_cost_flags())
+                                                         + "; a pass as [intercept, slope] ms)")
     cluster.add_argument("--draft-ms", metavar="INTERCEPT,SLOPE", help="a draft pass: ms + ms per token in it")
     cluster.add_argument("--target-ms", metavar="INTERCEPT,SLOPE", help="a verify pass: ms + ms per token in it")
     cluster.add_argument("--rtt-ms", type=float, help="orchestrator-worker round trip (default 0)")

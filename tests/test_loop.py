@@ -62,8 +62,10 @@ def test_drafting_ahead_changes_no_token(workers, redis_url, pair):
     for i, (temperature, gamma) in enumerate([(0.0, 2), (0.0, 4), (1.0, 2), (1.0, 3)]):
         prompt = pair["prompts"][i]
         params = SamplingParams(temperature=temperature, seed=100 + i)
-        on, on_cycles, on_policy = _generate(workers, redis_url, pair, prompt, params, gamma, True, f"ahead-on-{i}")
-        off, off_cycles, off_policy = _generate(workers, redis_url, pair, prompt, params, gamma, False, f"ahead-off-{i}")
+        on, on_cycles, on_policy = _generate(workers, redis_url, pair, prompt, params, gamma, True,
+                                             f"ahead-on-{i}")
+        off, off_cycles, off_policy = _generate(workers, redis_url, pair, prompt, params, gamma, False,
+                                                f"ahead-off-{i}")
         assert on == off
         # The policy learns how often a guess of the bonus comes true.
         guesses = on_policy.pair
