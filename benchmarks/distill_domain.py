@@ -23,7 +23,7 @@ from pathlib import Path
 from tandem.bench.corpus import HELDOUT_PACKAGES
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.distill import run as distill
-from tandem.suitability import check_pair, load_prompts
+from tandem.suitability import check_pair
 
 TRAIN_PACKAGES = HELDOUT_PACKAGES[:len(HELDOUT_PACKAGES) // 2]
 METRICS = (("greedy_agreement", "greedy agreement"), ("sampled_acceptance", "T=1 acceptance"),

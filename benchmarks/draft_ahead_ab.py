@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from tandem.bench.corpus import load_prompts
 from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
@@ -25,7 +26,6 @@ from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.redis_server import EmbeddedRedis
 from tandem.orchestrator.session import Request, Session
 from tandem.orchestrator.store import SessionStore
-from tandem.suitability import load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS, MAX_TOKENS = 16, 128

@@ -35,8 +35,8 @@ from tandem.cli import default_pair
 from tandem.local import LocalCluster, spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import VerifierClient
-from tandem.orchestrator.redis_server import free_port
 from tandem.orchestrator.store import read_session
+from tandem.ports import free_port
 from tandem.wire.worker import Proposal
 
 matplotlib.use("Agg")

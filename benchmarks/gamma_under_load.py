@@ -19,7 +19,7 @@ from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.bench.summary import concurrency_row
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.local import LocalCluster
-from tandem.orchestrator.redis_server import free_port
+from tandem.ports import free_port
 
 MAX_TOKENS = 128
 

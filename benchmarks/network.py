@@ -5,6 +5,7 @@ capacity simulator's predictions against those measurements.
     .venv/bin/python benchmarks/network.py up [--delay-ms 5]     # a cluster on the test bed, until Ctrl-C
     .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-8,auto] [--repeats 3]
     .venv/bin/python benchmarks/network.py calibrate             # after a sweep
+    .venv/bin/python benchmarks/network.py runahead [--guesses 0,1,3]   # drafting ahead for several outcomes
 
 The test bed (tandem.bench.testbed, tandem.bench.network) puts the orchestrator, the draft worker
 and the target verifier each in a network namespace of its own, on its own address, and runs
@@ -15,9 +16,12 @@ sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos
 stream is max_tokens long, --repeats times in a new order each round; a point's tokens/s per mode
 is its median run, and it times both models' passes before and after its points. Needs root
 (network namespaces). `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the
-bed's processes sharing the host's cores, from costs measured apart from it (`_costs`).
+bed's processes sharing the host's cores, from costs measured apart from it (`_costs`). `runahead`
+measures a lone session's tokens/s against the delay with drafting ahead off (0) and for 1 or more
+guesses of the bonus token (`tandem orchestrator --ahead-guesses`), one cluster per setting and
+round, the settings in a new order each round.
 
-Writes results/network/sweep.{json,md,png} and calibration.{json,md,png}.
+Writes results/network/sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png}.
 """
 
 import argparse
@@ -81,10 +85,14 @@ def up(args) -> None:
                 print(e, flush=True)
 
 
+def _prompts(target: str) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    return [tokenizer.encode(json.loads(line)["prompt"]) for line in open(HELDOUT_PROMPTS)]
+
+
 def sweep(args) -> None:
     draft, target = default_pair()
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    prompts = [tokenizer.encode(json.loads(line)["prompt"]) for line in open(HELDOUT_PROMPTS)]
+    prompts = _prompts(target)
     modes = _modes(args.gammas)
     delays = [float(d) for d in args.delays.split(",")]
     levels = [int(n) for n in args.in_flight.split(",")]
@@ -120,6 +128,81 @@ def sweep(args) -> None:
             write(rows, args, timings)
         timings.append(time_passes(draft, target, prompt))
         write(rows, args, timings)
+
+
+def runahead(args) -> None:
+    draft, target = default_pair()
+    prompts = _prompts(target)[:args.sessions]
+    settings = [int(g) for g in args.guesses.split(",")]
+    delays = [float(d) for d in args.delays.split(",")]
+    rng, rows, start = random.Random(args.seed), [], time.time()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for repeat in range(args.repeats):
+        for guesses in rng.sample(settings, len(settings)):
+            flags = ["--no-draft-ahead"] if guesses == 0 else ["--ahead-guesses", str(guesses)]
+            with NetworkCluster(draft, target, delay_ms=delays[0], orchestrator_args=flags) as cluster:
+                concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 1, 0)  # warm-up
+                for delay, workload, mode in ((d, w, m) for d in delays for w in args.workloads.split(",")
+                                              for m in _modes(args.gammas)):
+                    cluster.bed.set_delay(delay)
+                    runs, wall = concurrent_runs(cluster.address, mode, workload, prompts, args.max_tokens, 1,
+                                                 args.seed, ignore_eos=True)
+                    row = concurrency_row(runs, wall, 1)
+                    rows.append({"delay_ms": delay, "workload": workload, "mode": mode, "guesses": guesses,
+                                 "repeat": repeat, "aggregate_tokens_per_s": row["aggregate_tokens_per_s"],
+                                 "mean_gamma": row["mean_gamma"],
+                                 "drafted_ahead_share": row["cycle"].get("drafted_ahead_share")})
+            print(f"[round {repeat + 1}/{args.repeats}, {time.time() - start:.0f} s] {guesses} guesses done",
+                  flush=True)
+            write_runahead(rows, args)
+
+
+def _runahead_medians(rows: list[dict]) -> dict[tuple, dict]:
+    """(delay, workload, mode, guesses) → its median row over the rounds (the lower middle one)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["delay_ms"], r["workload"], r["mode"], r["guesses"]), []).append(r)
+    return {k: sorted(g, key=lambda r: r["aggregate_tokens_per_s"])[(len(g) - 1) // 2]
+            for k, g in sorted(groups.items())}
+
+
+def write_runahead(rows: list[dict], args) -> None:
+    (OUT / "runahead.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "rows": rows}, indent=1))
+    medians = _runahead_medians(rows)
+    settings = sorted({k[3] for k in medians})
+    more = [g for g in settings if g > 1]
+    head = " | ".join("off" if g == 0 else f"{g} guess{'es' * (g > 1)}" for g in settings)
+    lines = [f"| delay (ms) | workload | γ | {head} | " + "".join(f"{g} / 1 | " for g in more)
+             + "drafted ahead (share of drafting cycles) |", "|---" * (4 + len(settings) + len(more)) + "|"]
+    for delay, workload, mode in sorted({k[:3] for k in medians}):
+        at = {g: medians.get((delay, workload, mode, g)) for g in settings}
+        speed = {g: r["aggregate_tokens_per_s"] if r else float("nan") for g, r in at.items()}
+        shares = ", ".join(f"{r['drafted_ahead_share']:.2f}" for g, r in at.items()
+                           if g and r and r["drafted_ahead_share"] is not None)
+        lines.append(f"| {delay:g} | {workload} | {mode} | " + " | ".join(f"{speed[g]:.1f}" for g in settings) + " | "
+                     + "".join(f"{speed[g] / speed.get(1, float('nan')):.2f} | " for g in more) + f"{shares} |")
+    (OUT / "runahead.md").write_text("\n".join(lines) + "\n")
+    plot_runahead(medians, settings)
+
+
+def plot_runahead(medians: dict[tuple, dict], settings: list[int]) -> None:
+    panels = sorted({(k[1], k[2]) for k in medians})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (workload, mode) in zip(axes[0], panels):
+        for g in settings:
+            points = sorted((k[0], r["aggregate_tokens_per_s"]) for k, r in medians.items()
+                            if k[1:] == (workload, mode, g))
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                    label="no drafting ahead" if g == 0 else f"ahead, {g} guess{'es' * (g > 1)}")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("one-way delay, orchestrator ↔ each worker (ms)")
+        ax.set_ylabel("tokens/s, one session")
+        ax.set_title(f"{workload}, {mode}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "runahead.png", dpi=120)
+    plt.close(fig)
 
 
 def calibrate(args) -> None:
@@ -356,6 +439,17 @@ def main() -> None:
     p_sweep.add_argument("--repeats", type=int, default=3, help="runs of each mode per point (the median is kept)")
     p_sweep.add_argument("--seed", type=int, default=0)
     p_sweep.set_defaults(func=sweep)
+    p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead for 0 "
+                                               "(off), 1 or more guesses of the bonus token")
+    p_ahead.add_argument("--guesses", default="0,1,3", help="settings of --ahead-guesses; 0: --no-draft-ahead")
+    p_ahead.add_argument("--delays", default="0,1,5,20", help="one-way delays in ms")
+    p_ahead.add_argument("--gammas", default="auto", help="the modes, as sweep's --gammas")
+    p_ahead.add_argument("--workloads", default="greedy,sampled")
+    p_ahead.add_argument("--sessions", type=int, default=6, help="streams per point, one at a time")
+    p_ahead.add_argument("--max-tokens", type=int, default=64)
+    p_ahead.add_argument("--repeats", type=int, default=3, help="rounds over the settings (the median is kept)")
+    p_ahead.add_argument("--seed", type=int, default=0)
+    p_ahead.set_defaults(func=runahead)
     p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
     p_cal.add_argument("--sweep", default=str(OUT / "sweep.json"), help="a sweep's results (JSON)")
     p_cal.add_argument("--out", default=str(OUT), help="where calibration.{json,md,png} go")

@@ -42,7 +42,8 @@ import numpy as np
 
 from tandem.bench import summary
 from tandem.bench.runs import Run, concurrent_runs
-from tandem.bench.vllm import VllmServer, free_port, preload_libraries
+from tandem.bench.vllm import VllmServer, preload_libraries
+from tandem.ports import free_port
 from vllm_peer import (CLIENT, ROOT, VENV, ensure_vllm_venv, loadavg, machine, measure_level, say,
                        tandem_processes, vllm_version)
 

@@ -18,7 +18,7 @@ from vllm_peer import ROOT, load_prompt_ids, say, sessions_at
 
 from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.local import LocalCluster
-from tandem.orchestrator.redis_server import free_port
+from tandem.ports import free_port
 
 
 def histogram(port: int, name: str) -> tuple[float, float]:

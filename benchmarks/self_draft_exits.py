@@ -23,8 +23,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from tandem.bench.corpus import load_prompts  # noqa: E402
 from tandem.math.analytic import analytic_speedup, best_gamma  # noqa: E402
-from tandem.suitability import greedy_continuation, load_prompts  # noqa: E402
+from tandem.suitability import greedy_continuation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "self_draft"

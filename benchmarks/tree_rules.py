@@ -22,7 +22,7 @@ from pathlib import Path
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.client import Client
 from tandem.local import LocalCluster
-from tandem.orchestrator.redis_server import free_port
+from tandem.ports import free_port
 
 RULES = ("rrsw", "greedy")
 

@@ -31,9 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tandem.bench import summary
+from tandem.bench.corpus import load_prompts
 from tandem.bench.runs import Run, cluster_mode, concurrent_runs
-from tandem.bench.vllm import (VllmServer, command_line, cpu_seconds, descendants, free_port, preload_libraries,
-                               run_level)
+from tandem.bench.vllm import VllmServer, command_line, cpu_seconds, descendants, preload_libraries, run_level
+from tandem.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-vllm"
@@ -84,8 +85,6 @@ def vllm_version() -> str:
 def load_prompt_ids(target: str, limit: int) -> list[list[int]]:
     """The held-out prompts as `tandem bench` reads and tokenizes them (its default --prompts)."""
     from transformers import AutoTokenizer
-
-    from tandem.suitability import load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     return [tokenizer.encode(p) for p in load_prompts(HELDOUT)[:limit]]

@@ -37,11 +37,11 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tandem.bench.corpus import read, stdlib_files
+from tandem.bench.corpus import load_prompts, read, stdlib_files
 from tandem.services import head as head_module
 from tandem.services import head_training
 from tandem.services.runtime import eos_token_ids
-from tandem.suitability import greedy_continuation, load_prompts
+from tandem.suitability import greedy_continuation
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_GAMMA = 6

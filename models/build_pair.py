@@ -34,9 +34,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tandem.bench.corpus import read, stdlib_files, thirdparty_files
+from tandem.bench.corpus import load_prompts, read, stdlib_files, thirdparty_files
 from tandem.distill import draft_loss
-from tandem.suitability import check_pair, load_prompts
+from tandem.suitability import check_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>"]

@@ -13,6 +13,7 @@ from ray.serve.config import HTTPOptions, gRPCOptions
 
 from tandem.orchestrator.config import OrchestratorConfig
 from tandem.orchestrator import deployment
+from tandem.ports import free_port
 
 log = logging.getLogger("tandem.orchestrator")
 
@@ -31,7 +32,7 @@ MESSAGE_SIZE_ENV = {"RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": str(MAX_REQUEST_BYTES),
 # Ray Serve's throughput-optimized mode for a Ray that tandem starts itself. Its proxy then
 # streams to the replica over gRPC instead of Ray object references, and user code runs on
 # the replica's main loop: Ray's CPU per streamed chunk drops from ~5.6 to ~3.6 ms, CPU the
-# workers get back on a small machine (benchmarks/README.md). Direct ingress stays off: it
+# workers get back on a small machine (benchmarks/LOG.md). Direct ingress stays off: it
 # moves the ingress to per-replica ports meant for HAProxy, and tandem's is one known port.
 # RAY_SERVE_PROXY_USE_GRPC is named because Ray derives it before applying the mode.
 # A user's own environment wins; a Ray cluster at RAY_ADDRESS is configured by its owner.
@@ -57,8 +58,6 @@ def start_ingress(config: OrchestratorConfig, grpc_port: int, http_port: int = 0
         for name, value in (SERVE_THROUGHPUT_ENV | MESSAGE_SIZE_ENV).items():
             os.environ.setdefault(name, value)  # inherited by the Ray processes started below
         _init_ray()
-    from tandem.orchestrator.redis_server import free_port
-
     http_port = http_port or free_port()
     serve.start(
         http_options=HTTPOptions(host=host, port=http_port),

@@ -49,6 +49,7 @@ from tandem.cpu import CpuMeter
 from tandem.math import tree
 from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import Reply
+from tandem.orchestrator.config import MAX_TREE_NODES
 from tandem.orchestrator.policy import CycleCosts
 from tandem.orchestrator.pool import WorkerPool
 from tandem.orchestrator.session import Session
@@ -79,6 +80,7 @@ class _FirstCall(NamedTuple):
     task: asyncio.Future  # → Reply
     span: trace.Span  # the cycle's span, ended after its commit
     drafted_ahead: bool = False  # the block came from the last cycle's draft-ahead: no draft call
+    holds_block: bool = True  # the draft cache holds the block's tokens but its last (not so for a guess's branch)
 
 
 @dataclass
@@ -91,15 +93,17 @@ class SpeculativeLoop:
     def __init__(
         self, drafts: WorkerPool, targets: WorkerPool, store: SessionStore,
         eos_token_ids: tuple[int, ...], draft_ahead: bool = True, verifier_wait_s: float = 30.0,
-        verifier_drafts: bool = False,
+        verifier_drafts: bool = False, ahead_guesses: int = 1,
     ) -> None:
         """verifier_drafts: the verifiers draft (ModelInfo.drafter): each verify call also drafts
-        the next cycle's block, and the draft pool is not used."""
+        the next cycle's block, and the draft pool is not used. ahead_guesses: how many guesses
+        of a block's bonus token drafting ahead drafts past (ProposeRequest.ahead_guesses)."""
         self.drafts = drafts
         self.targets = targets
         self.store = store
         self.eos = set(eos_token_ids)
         self.draft_ahead = draft_ahead and not verifier_drafts
+        self.ahead_guesses = ahead_guesses
         self.verifier_drafts = verifier_drafts
         self.verifier_wait_s = verifier_wait_s
         self.in_flight = 0  # sessions running in this loop
@@ -131,7 +135,8 @@ class SpeculativeLoop:
         if s.stats.per_cycle:
             await self.store.amend_redis_ms(s.session_id, s.cycle, s.stats.per_cycle[-1].redis_ms)
 
-    def _launch(self, s: Session, parent: Context | None, block: Reply | None = None) -> "_FirstCall":
+    def _launch(self, s: Session, parent: Context | None, block: Reply | None = None,
+                holds_block: bool = True) -> "_FirstCall":
         """1. Open the cycle's span and start its first worker call: the draft, or the verify
         when γ = 0. A block drafted ahead (or by the verifier) stands in for the draft call, with
         its γ; where the verifiers draft, a cycle without one verifies no block and asks for one."""
@@ -148,7 +153,7 @@ class SpeculativeLoop:
         else:
             task = asyncio.ensure_future(self._propose(s, gamma, here, widths) if gamma
                                          else self._verify(s, None, here, *self._next_shape(s)))
-        return _FirstCall(gamma, time.perf_counter(), task, span, ahead)
+        return _FirstCall(gamma, time.perf_counter(), task, span, ahead, holds_block)
 
     @staticmethod
     def _tree_widths(s: Session, gamma: int) -> tuple[int, ...]:
@@ -193,7 +198,8 @@ class SpeculativeLoop:
         branched = bool(proposal and proposal.parents)  # a token tree (the drafter may answer a chain)
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead (a chain).
         # (alone: the draft worker would otherwise idle through the verify)
-        ahead = self._draft_ahead(s, proposal, here) if gamma and not branched and self._ahead() else None
+        ahead = (self._draft_ahead(s, proposal, here, call.holds_block) if gamma and not branched and self._ahead()
+                 else None)
         try:
             verify = await self._verify(s, proposal, here, *self._next_shape(s)) if call.gamma else await call.task
         except BaseException:
@@ -214,15 +220,19 @@ class SpeculativeLoop:
         s.tokens.extend(new)
         s.cycle += 1
         # 5. Settle the draft-ahead call (a session has one draft call in flight at a time): the
-        #    next block if its guess came true. The draft cache holds the block's first γ−1
-        #    tokens, all γ once a draft-ahead call fed the last, and the bonus too on a hit.
+        #    next block if a guess came true. The draft cache holds the block's first γ−1 tokens,
+        #    all γ once a draft-ahead call fed the last, and the bonus too on a hit of a chain (a
+        #    hit among several guesses leaves it in a tree's layout: the next call feeds it).
         ahead_reply, block = await self._settle(s, ahead, accepted == gamma) if ahead else (None, None)
+        laid_out = bool(block and ahead_reply.answer.parents)
         if self.verifier_drafts:
             block = self._next_block(s, verify, accepted, new)
         if block:
-            s.cache_lens["draft"] = len(s.tokens)
+            s.cache_lens["draft"] = len(s.tokens) - laid_out
         elif ahead_reply:
             s.cache_lens["draft"] = position + accepted
+        elif not call.holds_block:  # a guess's branch, which the cache does not hold: as it was
+            pass
         elif gamma and not branched:
             s.cache_lens["draft"] = position + min(accepted, gamma - 1)
         elif proposal:  # a tree, or a drafter that proposed nothing (no n-gram match): the committed tokens
@@ -238,7 +248,7 @@ class SpeculativeLoop:
         if ahead_reply and accepted == gamma:  # a guess of the bonus was made: whether it came true
             costs.guessed = block is not None
         s.policy.observe(costs, len(new))
-        following = None if s.finish_reason else self._launch(s, parent, block)
+        following = None if s.finish_reason else self._launch(s, parent, block, holds_block=not laid_out)
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),
             "tandem.cycle.ended_with": "bonus" if accepted == gamma else "recovered",
@@ -283,19 +293,23 @@ class SpeculativeLoop:
                            block.compute_ms, block.batching, parents)
         return Reply(trimmed, 0.0, 0, verify.fed)
 
-    def _draft_ahead(self, s: Session, proposal, parent: Context) -> asyncio.Future | None:
+    def _draft_ahead(self, s: Session, proposal, parent: Context, holds_block: bool) -> asyncio.Future | None:
         """Start drafting past the block [d_1 … d_γ] as if all of it is accepted: feed d_γ (the
-        draft cache holds d_1 … d_γ−1), draft a guess of the bonus token, then the next cycle's γ
-        tokens. None when the next cycle would not draft."""
+        draft cache holds d_1 … d_γ−1, or when it does not, what it lacks), draft guesses of the
+        bonus token, then the next cycle's γ tokens after each. None when the next cycle would
+        not draft."""
         gamma = len(proposal.draft_tokens)
         after = s.generated + gamma + 1  # tokens generated should the whole block and a bonus land
         next_gamma = self._gamma(s, after) if after < s.request.max_tokens else 0
         worker = self.drafts.get(s.workers["draft"])
         if not next_gamma or worker is None:
             return None
+        cache_len = len(s.tokens) + gamma - 1 if holds_block else s.cache_lens["draft"]
+        fed = (s.tokens + list(proposal.draft_tokens))[cache_len:]
+        guesses = max(1, min(self.ahead_guesses, MAX_TREE_NODES // (next_gamma + 1)))
         return asyncio.ensure_future(worker.client.propose(
-            s.session_id, len(s.tokens) + gamma - 1, proposal.draft_tokens[-1:], next_gamma + 1, s.params, parent,
-            ahead=True, epoch=s.epoch))
+            s.session_id, cache_len, fed, next_gamma + 1, s.params, parent, ahead=True, epoch=s.epoch,
+            guesses=guesses))
 
     async def _settle(self, s: Session, ahead: asyncio.Future, all_accepted: bool,
                       ) -> tuple[Reply | None, Reply | None]:
@@ -311,13 +325,8 @@ class SpeculativeLoop:
             return None, None
         if not reply.answer:
             return None, None
-        p = reply.answer
-        # The bonus is its guess, and a block follows it? (A drafter may propose fewer than asked:
-        # an n-gram lookup proposes what it matched, possibly nothing.)
-        if not (all_accepted and len(p.draft_tokens) > 1 and p.draft_tokens[0] == s.tokens[-1]):
-            return reply, None
-        block = Proposal(p.draft_tokens[1:], p.draft_token_probs[1:], p.draft_distributions[1:], 0.0)
-        return reply, Reply(block, 0.0, 0)
+        block = _branch(reply.answer, s.tokens[-1]) if all_accepted else None
+        return reply, Reply(block, 0.0, 0) if block else None
 
     async def _commit(self, s: Session, new: list[int], record: CycleStats, parent: Context) -> float:
         """Append the cycle's tokens, its stats and the session's state in one atomic, fenced
@@ -418,6 +427,26 @@ class SpeculativeLoop:
         if len(new) >= remaining:
             s.finish_reason = "length"
         return new[:remaining]
+
+
+def _branch(ahead: Proposal, bonus: int) -> Proposal | None:
+    """The block drafted ahead after the guess `bonus`: the chain under that guess (a chain
+    answers one guess, a tree a chain under each: ProposeRequest.ahead_guesses), each token's
+    distribution its parent's row (tandem.math.tree.expanded). None when no guess was `bonus` or
+    nothing follows it (a drafter may propose fewer than asked: an n-gram lookup proposes what it
+    matched, possibly nothing)."""
+    parents = ahead.parents or tuple(range(-1, len(ahead.draft_tokens) - 1))
+    guess = next((n for n, (token, up) in enumerate(zip(ahead.draft_tokens, parents)) if up == -1 and token == bonus),
+                 None)
+    child = {up: n for n, up in enumerate(parents) if up >= 0}  # one child per node below the guesses
+    nodes = []
+    while guess is not None and (guess := child.get(guess)) is not None:
+        nodes.append(guess)
+    if not nodes:
+        return None
+    row = {node: r for r, node in enumerate(tree.expanded(tuple(parents)))}
+    dists = [ahead.draft_distributions[row[parents[n]]] for n in nodes] if ahead.draft_distributions else []
+    return Proposal([ahead.draft_tokens[n] for n in nodes], [ahead.draft_token_probs[n] for n in nodes], dists, 0.0)
 
 
 def _then(miss: Reply, retry: Reply) -> Reply:

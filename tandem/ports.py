@@ -1,8 +1,16 @@
-"""Whether a TCP port is free to listen on, asked before a server binds it: a taken port then
-gives one line that names it, instead of a library's traceback (gRPC's, http.server's)."""
+"""TCP ports: one that is free now, for a server the caller starts next (a local cluster's, a
+test's), and whether a given port is free to listen on, asked before a server binds it: a taken
+port then gives one line that names it, instead of a library's traceback (gRPC's, http.server's)."""
 
 import errno
 import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at host now (the system's pick; free until someone binds it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def port_in_use(host: str, port: int) -> bool:

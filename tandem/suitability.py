@@ -16,11 +16,9 @@ spelling) and its distributions restricted to the shared tokens. Such a pair's r
 how much of the target's continuation the shared tokens cover: greedy agreement's ceiling.
 """
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
@@ -86,19 +84,6 @@ class PairReport:
         return (f"vocabulary          mapped: {self.shared_tokens} tokens shared ({self.shared_of_draft:.1%} of the "
                 f"draft's, {self.shared_of_target:.1%} of the target's); they hold {self.coverage:.1%} of the "
                 f"target's continuation tokens")
-
-
-def load_prompts(path: str | Path) -> list[str]:
-    """Prompts from a JSON-lines file (one {"prompt": "..."} per line) or, otherwise, a text
-    file whose prompts are separated by lines holding only `---`."""
-    text = Path(path).read_text(encoding="utf-8")
-    if str(path).endswith(".jsonl"):
-        prompts = [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
-    else:
-        prompts = [p.strip("\n") for p in text.split("\n---\n") if p.strip()]
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
 
 
 def check_vocabulary(draft_dir: str, target_dir: str) -> VocabularyMap | None:

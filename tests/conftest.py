@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from randompair import build_tokenizer, llama_config
+from support.models import build_tokenizer, llama_config
 
 PROMPT_LEN = 8
 # A chat template for the pair's tokenizer, so that /v1/chat/completions has one to render.
@@ -88,7 +88,7 @@ def otlp():
 def workers(pair, otlp):
     """A draft worker and a target verifier as real processes (`tandem worker`)."""
     from tandem.local import spawn_worker, stop_processes
-    from tandem.orchestrator.redis_server import free_port
+    from tandem.ports import free_port
 
     ports = {"draft": free_port(), "target": free_port()}  # Prometheus
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once: each takes seconds to load
@@ -104,7 +104,7 @@ def cluster(pair, workers, redis_url):
     """The whole cluster: Ray Serve's gRPC ingress in front of the orchestrator deployment."""
     from tandem.orchestrator.app import start_ingress, stop_ingress
     from tandem.orchestrator.config import OrchestratorConfig
-    from tandem.orchestrator.redis_server import free_port
+    from tandem.ports import free_port
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     config = OrchestratorConfig(draft_addresses=(workers["draft"],), target_addresses=(workers["target"],),

@@ -13,15 +13,16 @@ from tandem import rules
 from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp
 from tandem.math.tree import Tree
-from tandem.services import sampler
+from tandem.services import distributions
 from tandem.services.batching import Batcher
-from tandem.services.draft_worker import propose, propose_tree
+from tandem.services.draft_worker import propose, propose_ahead, propose_tree
 from tandem.services.fencing import Superseded, WriterEpochs
-from tandem.services.runtime import CacheMiss, KeepPath, ModelRuntime, Step
+from tandem.services.runtime import CacheMiss, ModelRuntime, Step
 from tandem.services.target_verifier import verify, verify_tree
 
-from randompair import llama_config, save_random_model
-from test_workers import prompt
+from support.jobs import run_alone
+from support.models import llama_config, save_random_model
+from support.workers import prompt
 
 VOCAB = 96
 TIMEOUT_S = 60
@@ -32,24 +33,6 @@ GREEDY = SamplingParams(temperature=0.0, seed=0)
 def model_dir(tmp_path_factory) -> str:
     config = llama_config(vocab_size=VOCAB, layers=2, hidden=64, eos_token_id=2, max_context=256, init_std=0.1)
     return save_random_model(config, str(tmp_path_factory.mktemp("batching") / "m"), seed=11)
-
-
-def run_alone(runtime: ModelRuntime, job):
-    """A job driven one step at a time, each in a pass and a round of asks of its own: the
-    unbatched reference."""
-    try:
-        step = next(job)
-        while True:
-            if isinstance(step, KeepPath):
-                step = job.send(runtime.keep_paths([step])[0])
-                continue
-            result = runtime.extend_batch([step])[0]
-            if isinstance(result, Exception):
-                step = job.throw(result)
-            else:
-                step = job.send(sampler.answer([step.ask], [result])[0] if step.ask else result)
-    except StopIteration as done:
-        return done.value
 
 
 def _cache(runtime: ModelRuntime, session_id: str) -> torch.Tensor:
@@ -298,3 +281,28 @@ def test_a_draft_ahead_drafts_the_block_a_call_from_after_its_guess_would(model_
     assert ahead.draft_tokens[1:] == fresh.draft_tokens
     plain = run_alone(runtime, propose("plain", 0, committed, 4, params))
     assert plain.draft_tokens[0] == ahead.draft_tokens[0]  # the guess: drawn as the cycle's own first token
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_each_guess_of_a_bonus_token_is_followed_by_the_block_a_call_from_after_it_would_draft(model_dir, temperature):
+    """Drafting ahead for several guesses (ProposeRequest.ahead_guesses): the guesses are a
+    greedy-rule tree's children (the draft's top tokens, sampled: but one, drawn from the rest),
+    and under each the chain a call drafting from after that guess draws, draws keyed by position
+    whichever guess they follow, each with the distribution that call sends."""
+    runtime, params, k = ModelRuntime(model_dir), SamplingParams(temperature=temperature, seed=5), 3
+    committed = prompt(9, 70)
+    ahead = run_alone(runtime, propose_ahead("ahead", 0, committed, 4, k, params))
+    assert list(ahead.parents) == [-1] * k + list(range(3 * k))  # widths (k, 1, 1, 1): a chain under each guess
+    guesses = ahead.draft_tokens[:k]
+    top = run_alone(runtime, propose_tree("top", 0, committed, [k], GREEDY)).draft_tokens
+    assert len(set(guesses)) == k and (guesses == top if params.greedy else set(top[:k - 1]) < set(guesses))
+    assert (len(ahead.draft_distributions) == 0) == params.greedy
+    for g, guess in enumerate(guesses):
+        fresh = run_alone(runtime, propose(f"fresh-{g}", 0, committed + [guess], 3, params))
+        nodes = [g + k * depth for depth in (1, 2, 3)]
+        assert [ahead.draft_tokens[n] for n in nodes] == fresh.draft_tokens
+        np.testing.assert_allclose([ahead.draft_token_probs[n] for n in nodes], fresh.draft_token_probs, atol=1e-5)
+        if not params.greedy:  # a node's distribution is its parent's row, the root's first
+            rows = [ahead.draft_distributions[1 + n - k] for n in nodes]
+            np.testing.assert_allclose(distributions.unpack(rows, VOCAB), distributions.unpack(
+                fresh.draft_distributions, VOCAB), atol=1e-5)

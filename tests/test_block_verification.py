@@ -10,7 +10,6 @@
 - greedy (one-hot target and draft): it is token-level verification.
 """
 
-import functools
 import itertools
 
 import numpy as np
@@ -22,32 +21,7 @@ from tandem.math.acceptance import accepted_jointly, count_accepted, output_toke
 from tandem.math.block import block_verdict, token_prefix_weights
 from tandem.math.sampling import verify_block
 
-P_MIN = 1e-3  # chi-square p-value below which the distributions differ
-V = 3  # a vocabulary small enough to enumerate
-
-
-class Pair:
-    """A toy target and draft: a fixed random distribution over V tokens after every prefix."""
-
-    def __init__(self, seed: int, draft_temperature: float = 1.0, one_hot_draft: bool = False) -> None:
-        self.seed, self.draft_temperature, self.one_hot_draft = seed, draft_temperature, one_hot_draft
-
-    @functools.lru_cache(maxsize=None)
-    def _dist(self, prefix: tuple, which: int) -> np.ndarray:
-        gen = np.random.default_rng([self.seed, which, len(prefix), *prefix])
-        logits = gen.normal(size=V) * 1.5
-        if which == 1:  # the draft: the target's logits, perturbed and sharpened, so they disagree
-            logits = (logits + gen.normal(size=V)) / self.draft_temperature
-            if self.one_hot_draft:  # a draft that proposes its argmax (an n-gram match, say)
-                return np.eye(V)[logits.argmax()]
-        e = np.exp(logits - logits.max())
-        return e / e.sum()
-
-    def target(self, prefix: tuple) -> np.ndarray:
-        return self._dist(prefix, 0)
-
-    def draft(self, prefix: tuple) -> np.ndarray:
-        return self._dist(prefix, 1)
+from support.enumeration import P_MIN, V, Pair, target_sequences
 
 
 def ref_block(pair: Pair, context: tuple, block: tuple) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
@@ -109,13 +83,6 @@ def first_tokens(pair: Pair, gamma: int, length: int, first_failure: bool = Fals
         chunk = chunk[:length]
         for rest, q in first_tokens(pair, gamma, length - len(chunk), first_failure, context + chunk).items():
             out[chunk + rest] = out.get(chunk + rest, 0.0) + p * q
-    return out
-
-
-def target_sequences(pair: Pair, length: int) -> dict:
-    out = {}
-    for seq in itertools.product(range(V), repeat=length):
-        out[seq] = np.prod([pair.target(seq[:i])[x] for i, x in enumerate(seq)])
     return out
 
 

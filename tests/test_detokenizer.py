@@ -7,7 +7,7 @@ import pytest
 
 from tandem.orchestrator.detokenizer import IncrementalDetokenizer
 
-from randompair import build_tokenizer
+from support.models import build_tokenizer
 
 TEXTS = ["def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
          "naïve café — ünïcödé 🐍 and 中文 mixed\twith tabs\r\n",

@@ -18,9 +18,9 @@ from tandem.math.params import SamplingParams
 from tandem.orchestrator import metrics
 from tandem.orchestrator.store import SessionStore, read_session
 
-from cycles import generate, open_session, release, running_loop
-from test_cluster import hf_greedy
-from test_tracing import attributes
+from support.loops import generate, open_session, release, running_loop
+from support.references import hf_greedy
+from support.spans import attributes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.chaos]
 MAX_TOKENS = 96

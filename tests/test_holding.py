@@ -13,8 +13,8 @@ from tandem.services.holding import FORGET_S, PASS_DECAY, Returns, fixed_s
 from tandem.services.runtime import ModelRuntime
 from tandem.services.target_verifier import verify
 
-from randompair import llama_config, save_random_model
-from test_workers import prompt
+from support.models import llama_config, save_random_model
+from support.workers import prompt
 
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 TIMEOUT_S = 60

@@ -19,7 +19,8 @@ from tandem.services.runtime import ModelRuntime
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from cycles import (
+from support.jobs import run_alone
+from support.loops import (
     assert_first_tokens_follow_the_target,
     generate,
     open_session,
@@ -27,8 +28,7 @@ from cycles import (
     running_loop,
     sampled_first_tokens,
 )
-from test_batching import run_alone
-from test_cluster import hf_greedy
+from support.references import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)
 

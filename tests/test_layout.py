@@ -10,6 +10,7 @@
     the top: cli, serve_app, local, suitability, bench
 
 Everything installed imports under `tandem.`, never as a bare `services` or `orchestrator`.
+The tests import what they share from tests/support/, never from one another.
 """
 
 import ast
@@ -69,6 +70,17 @@ def test_everything_imports_under_tandem(folder):
     for path in (ROOT / folder).rglob("*.py"):
         bare = {m for m in imports(path) if _in(m, "services", "orchestrator")}
         assert not bare, f"{path.relative_to(ROOT)} imports {sorted(bare)}; use tandem.services / tandem.orchestrator"
+
+
+def test_tests_share_helpers_through_support_never_through_each_other():
+    """What several test modules use lives in tests/support/; tests/ itself holds only test
+    modules and conftest.py, and nothing imports a test module or conftest.py."""
+    tests = ROOT / "tests"
+    assert {p.name for p in tests.glob("*.py") if not p.name.startswith("test_")} == {"conftest.py"}
+    test_modules = {p.stem for p in tests.glob("*.py")}
+    for path in tests.rglob("*.py"):
+        reached = {m for m in imports(path) if m.split(".")[0] in test_modules}
+        assert not reached, f"{path.relative_to(ROOT)} imports {sorted(reached)}; share it through tests/support/"
 
 
 def test_the_sdk_needs_only_grpc_protobuf_the_wire_and_the_pure_math():

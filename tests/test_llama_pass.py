@@ -10,8 +10,9 @@ from tandem.math.tree import Tree
 from tandem.services.llama import Feed, LlamaPass, unsupported
 from tandem.services.runtime import CacheMiss, HFPass, ModelRuntime, Step
 
-from randompair import llama_config, save_random_model
-from test_workers import VOCAB, hf_logits, prompt
+from support.models import llama_config, save_random_model
+from support.references import hf_logits
+from support.workers import VOCAB, prompt
 
 
 def _config(**overrides):

@@ -7,8 +7,8 @@ import pytest
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.policy import GammaPolicy
 
-from cycles import generate, open_session, release, running_loop
-from test_cluster import hf_greedy
+from support.loops import generate, open_session, release, running_loop
+from support.references import hf_greedy
 
 
 def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, redis_url, pair, target_model):
@@ -40,12 +40,12 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
     assert record.workers == {"draft": workers["draft"], "target": workers["target"]}
 
 
-def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40):
+def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40, guesses=1):
     """One session through the loop → (tokens, per-cycle stats, its γ policy)."""
 
     async def run():
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],),
-                                draft_ahead=draft_ahead) as loop:
+                                draft_ahead=draft_ahead, ahead_guesses=guesses) as loop:
             s = await open_session(loop, session_id, prompt, params, max_tokens, gamma)
             out = await generate(loop, s)
             await release(loop, s)
@@ -78,6 +78,27 @@ def test_drafting_ahead_changes_no_token(workers, redis_url, pair):
             assert c.draft_ms == 0 if c.drafted_ahead else (c.draft_ms > 0) == (c.gamma > 0)
         hits += sum(c.drafted_ahead for c in on_cycles)
     assert hits > 0  # the pair agrees often enough for the guess to come true
+
+
+def test_drafting_ahead_for_several_guesses_changes_no_token_and_comes_true_more_often(workers, redis_url, pair):
+    """With three guesses of the bonus token a block drafted ahead is still the block a fresh
+    call would propose: the same tokens as without drafting ahead, greedy and sampled. Greedy at
+    a fixed γ the cycles are the same, and the draft's top token is among the guesses, so every
+    hit of one guess is a hit of three; the others come true too, and a block under a guess that
+    is not the first leaves the draft cache in a tree's layout, which the next calls feed past."""
+    hits = {}
+    for i, (temperature, gamma) in enumerate([(0.0, 2), (0.0, 3), (1.0, 2), (1.0, 3)]):
+        prompt = pair["prompts"][i]
+        params = SamplingParams(temperature=temperature, seed=200 + i)
+        off, _, _ = _generate(workers, redis_url, pair, prompt, params, gamma, False, f"guesses-off-{i}")
+        for guesses in (1, 3):
+            on, cycles, _ = _generate(workers, redis_url, pair, prompt, params, gamma, True, f"guesses-{guesses}-{i}",
+                                      guesses=guesses)
+            assert on == off
+            hits[temperature, gamma, guesses] = sum(c.drafted_ahead for c in cycles)
+    for gamma in (2, 3):
+        assert hits[0.0, gamma, 3] >= hits[0.0, gamma, 1]
+    assert sum(hits[0.0, gamma, 3] - hits[0.0, gamma, 1] for gamma in (2, 3)) > 0
 
 
 def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url, pair):

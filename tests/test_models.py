@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tandem.bench.corpus import read, stdlib_files
+from tandem.bench.corpus import load_prompts, read, stdlib_files
 from tandem.cli import default_pair
-from tandem.suitability import check_vocabulary, load_prompts
+from tandem.suitability import check_vocabulary
 
 MODELS = Path(__file__).resolve().parents[1] / "models"
 PROMPTS = Path(__file__).resolve().parents[1] / "benchmarks" / "prompts" / "heldout.jsonl"
@@ -96,7 +96,7 @@ def test_shipped_pair_greedy_is_token_identical_to_the_target(shipped_workers, r
 
     from tandem.math.params import SamplingParams
 
-    from cycles import generate, open_session, running_loop
+    from support.loops import generate, open_session, running_loop
 
     target = AutoModelForCausalLM.from_pretrained(MODELS / "target").eval()
     prompts = [tokenizer(p)["input_ids"] for p in load_prompts(PROMPTS)[:3]]

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cycles import open_session, running_loop
-from test_cluster import hf_greedy
+from support.loops import open_session, running_loop
+from support.references import hf_greedy
 from tandem.bench.delay_proxy import Delay, Link, apply, parse_link
 from tandem.bench import testbed as tb
 from tandem.local import spawn_worker, stop_processes

@@ -15,7 +15,7 @@ from tandem.services.runtime import CacheMiss, Step
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from cycles import (
+from support.loops import (
     assert_first_tokens_follow_the_target,
     generate,
     open_session,
@@ -23,7 +23,7 @@ from cycles import (
     running_loop,
     sampled_first_tokens,
 )
-from test_cluster import hf_greedy
+from support.references import hf_greedy
 
 
 def test_lookup_proposes_what_followed_the_latest_longest_match():

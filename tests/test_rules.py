@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-from test_block_verification import P_MIN, V, Pair, target_sequences
+from support.enumeration import P_MIN, V, Pair, target_sequences
 
 from tandem import rules
 from tandem.math import tree

@@ -19,10 +19,10 @@ import tandem
 from tandem.local import LocalCluster
 from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import api_key_digest
-from tandem.orchestrator.redis_server import free_port
+from tandem.ports import free_port
 from tandem.v1 import generation_pb2, generation_pb2_grpc
 
-from test_cluster import hf_greedy
+from support.references import hf_greedy
 
 pytestmark = pytest.mark.cluster
 APP = "secure"

@@ -71,7 +71,7 @@ def test_tandem_up_stopped_while_it_starts_stops_everything_it_started(pair, tmp
     """SIGTERM as soon as the ingress port opens (Serve may still be deploying): Ray's core worker
     would abort the process on it, leaving its other processes behind; `tandem up` stops instead."""
     from tandem.bench.vllm import descendants
-    from tandem.orchestrator.redis_server import free_port
+    from tandem.ports import free_port
 
     port = free_port()
     up = subprocess.Popen([sys.executable, "-m", "tandem.cli", "up", "--draft-model", pair["draft"],

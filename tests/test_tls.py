@@ -29,15 +29,16 @@ from tandem.orchestrator.clients import DraftClient, VerifierClient
 from tandem.orchestrator.config import OrchestratorConfig
 from tandem.orchestrator.policy import GammaPolicy
 from tandem.orchestrator.pool import WorkerPool
-from tandem.orchestrator.redis_server import EmbeddedRedis, free_port
+from tandem.orchestrator.redis_server import EmbeddedRedis
 from tandem.orchestrator.session import Request, Session
 from tandem.orchestrator.store import SessionStore, StoreUnavailable, check_redis_url
+from tandem.ports import free_port
 from tandem.services.server import _check_ports
 from tandem.tls import TLSFiles
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from randompair import llama_config, save_random_model
+from support.models import llama_config, save_random_model
 
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 REFUSED_WITHIN_S = 5.0  # a refused handshake answers at once; this only bounds the wait

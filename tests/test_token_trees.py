@@ -18,7 +18,7 @@ from tandem.services.server import start_server
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from cycles import (
+from support.loops import (
     assert_first_tokens_follow_the_target,
     generate,
     open_session,
@@ -26,22 +26,18 @@ from cycles import (
     running_loop,
     sampled_first_tokens,
 )
-from randompair import save_random_model
-from test_cluster import hf_greedy as hf_greedy_continuation
-from test_tree import greedy_walk
-from test_workers import (
+from support.models import save_random_model
+from support.references import greedy_walk, hf_argmax, hf_greedy, hf_logits, hf_warped
+from support.workers import (
     GREEDY,
     TIMEOUT_S,
     VOCAB,
-    _BackgroundLoop,
-    _config,
+    BackgroundLoop,
     assert_status,
     block,
-    hf_greedy,
-    hf_logits,
-    hf_warped,
     prompt,
     verify,
+    worker_config,
 )
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=12, seed=5)
@@ -51,10 +47,10 @@ WIDTHS = [3, 2, 1]  # 3 + 6 + 6 nodes
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("trees")
-    biased = _config()
+    biased = worker_config()
     biased.attention_bias = True  # not the Llama pass's: Hugging Face's forward runs it
-    return {"target": save_random_model(_config(), str(root / "target"), seed=0),
-            "draft": save_random_model(_config(), str(root / "draft"), seed=1),
+    return {"target": save_random_model(worker_config(), str(root / "target"), seed=0),
+            "draft": save_random_model(worker_config(), str(root / "draft"), seed=1),
             "biased": save_random_model(biased, str(root / "biased"), seed=2)}
 
 
@@ -68,7 +64,7 @@ def hf(models) -> dict:
 def stubs(models):
     """Draft workers on the draft and on each verifier's own model (which it accepts wholly),
     verifiers on the target (Llama pass) and on the biased model (Hugging Face's pass)."""
-    loop = _BackgroundLoop()
+    loop = BackgroundLoop()
     servers, channels, stubs = [], [], {}
     plan = {"draft": (draft_worker, "draft"), "self-target": (draft_worker, "target"),
             "self-biased": (draft_worker, "biased"), "target": (target_verifier, "target"),
@@ -105,7 +101,7 @@ def path_tokens(t: tree.Tree, node: int) -> list[int]:
 def assert_continues(stub, model, session: str, cache_len: int, committed: list[int]) -> None:
     """The verifier's cache, said to hold committed[:cache_len], verifies Hugging Face's greedy
     continuation of `committed` wholly (every position's argmax depends on the kept keys)."""
-    following = hf_greedy(model, committed, 6)
+    following = hf_argmax(model, committed, 6)
     after = verify(stub, session, cache_len, committed[cache_len:], block(following[:5]))
     assert after.target_token_probs == [1.0] * 5 and after.bonus_token == following[5]
 
@@ -250,7 +246,7 @@ def test_greedy_output_through_trees_is_the_targets(workers, redis_url, pair, ta
             return out
 
     for gamma, (context, tokens, stats) in asyncio.run(run()).items():
-        assert tokens == hf_greedy_continuation(target_model, context, 24), f"gamma {gamma}"
+        assert tokens == hf_greedy(target_model, context, 24), f"gamma {gamma}"
         trees = [c for c in stats.per_cycle if c.gamma > (gamma or 8)]  # more nodes than a chain's γ
         assert trees, "some cycles should have drafted trees"
 

@@ -8,19 +8,11 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import tandem
 
+from support.spans import attributes
+
 pytestmark = pytest.mark.cluster
 SERVICES = {"tandem-orchestrator", "tandem-draft-worker", "tandem-target-verifier"}
 SERVER, CLIENT = 2, 3  # opentelemetry.proto Span.SpanKind
-
-
-def attributes(span) -> dict:
-    def value(v):
-        kind = v.WhichOneof("value")
-        if kind == "array_value":
-            return [value(x) for x in v.array_value.values]
-        return getattr(v, kind)
-
-    return {a.key: value(a.value) for a in span.attributes}
 
 
 def collect(otlp, trace_id: bytes, cycles: int, timeout_s: float = 30.0) -> list[tuple[str, object]]:

@@ -9,8 +9,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from tandem.math.tree import Tree, ancestor_mask, depths, expanded, greedy_verdict, outcome, size, walk, widths_at, within
+from tandem.math.tree import Tree, ancestor_mask, depths, expanded, outcome, size, walk, widths_at, within
 from tandem.math.tree_sampling import draw_without_replacement, node_verdict, verdict
+
+from support.references import greedy_walk
 
 P = torch.tensor([0.05, 0.40, 0.25, 0.20, 0.10], dtype=torch.float64)  # the target at a node
 Q = torch.tensor([0.45, 0.05, 0.30, 0.05, 0.15], dtype=torch.float64)  # the draft there: far from it
@@ -36,11 +38,6 @@ def test_structure_mask_and_depths():
     for tokens, parents in (((1, 2), (-1,)), ((1, 2), (1, -1)), ((1, 1), (-1, -1))):
         with pytest.raises(ValueError):
             Tree(tokens, parents)
-
-
-def greedy_walk(tree: Tree, argmax: list[int]) -> tuple[list[int], int]:
-    """The walk with greedy accept probabilities (0 or 1: any uniform decides the same)."""
-    return outcome(tree, greedy_verdict(tree, argmax), [0.999] * len(tree))
 
 
 def accept_child(p, q, children, u_accept, u_residual, residual=True):

@@ -22,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from scipy.stats import chisquare
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from cycles import generate, open_session, release, running_loop
-from randompair import llama_config, save_random_head, save_random_model
+from support.loops import generate, open_session, release, running_loop
+from support.models import llama_config, save_random_head, save_random_model
 from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp

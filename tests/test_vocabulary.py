@@ -25,9 +25,16 @@ from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
 from tandem.wire.validation import FieldError
 
-from cycles import assert_first_tokens_follow_the_target, generate, open_session, release, running_loop, sampled_first_tokens
-from randompair import SPECIAL, build_tokenizer, draft_over, llama_config, renumbered_tokenizer, save_random_model
-from test_cluster import hf_greedy
+from support.loops import (
+    assert_first_tokens_follow_the_target,
+    generate,
+    open_session,
+    release,
+    running_loop,
+    sampled_first_tokens,
+)
+from support.models import SPECIAL, build_tokenizer, draft_over, llama_config, renumbered_tokenizer, save_random_model
+from support.references import hf_greedy
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -32,13 +32,12 @@ from hypothesis import strategies as st
 
 from tandem.local import LocalCluster
 from tandem.math.params import SamplingParams
-from tandem.orchestrator.redis_server import free_port
-from tandem.ports import port_in_use
+from tandem.ports import free_port, port_in_use
 from tandem.services.limits import message_limits
 from tandem.v1 import sampling_pb2, worker_pb2
 from tandem.wire import worker as wire
 
-from randompair import llama_config, save_random_model
+from support.models import llama_config, save_random_model
 
 VOCAB, MAX_CONTEXT = 32000, 4096
 TIMEOUT_S = 60
@@ -372,6 +371,13 @@ PROPOSE_CASES = _sequence_cases(propose, 3, 5) | {
     "gamma-2^32-1": (propose(gamma=2**32 - 1), INVALID, "gamma"),
     "gamma-2^63": (propose() + f_varint(4, 2**63), INVALID, "gamma"),  # uint32: 0
     "gamma-past-context": (propose(tokens=[5] * (MAX_CONTEXT - 1), gamma=3), OUT_OF_RANGE, "gamma"),
+    "ahead-guesses-3": (propose(ahead=True, ahead_guesses=3), OK, ""),
+    "ahead-guesses-not-ahead": (propose(ahead_guesses=3), INVALID, "ahead_guesses"),
+    "ahead-guesses-tree": (propose(ahead=True, ahead_guesses=2, tree_widths=[2, 1]), INVALID, "ahead_guesses"),
+    "ahead-guesses-65-nodes": (propose(ahead=True, ahead_guesses=13, gamma=5), INVALID, "ahead_guesses"),
+    "ahead-guesses-2^32-1": (propose(ahead=True, ahead_guesses=2**32 - 1), INVALID, "ahead_guesses"),
+    "ahead-guesses-past-context": (propose(tokens=[5] * (MAX_CONTEXT - 6), gamma=2, ahead=True, ahead_guesses=4),
+                                   OUT_OF_RANGE, "gamma"),
 }
 
 VERIFY_CASES = _sequence_cases(sampled_verify, 3, 6) | {

@@ -9,7 +9,6 @@ test plugin is needed. Token comparisons are exact; probabilities get a small to
 import asyncio
 import dataclasses
 import math
-import threading
 import time
 
 import grpc
@@ -18,7 +17,6 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from transformers import AutoModelForCausalLM
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
 from tandem.cpu import WINDOW_S
 from tandem.math import block as block_math
@@ -30,30 +28,34 @@ from tandem.services.server import start_server
 from tandem.v1 import sampling_pb2, worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
 
-from randompair import llama_config, save_random_model
-
-VOCAB = 96
-MAX_CONTEXT = 128
-EOS = 2
-TIMEOUT_S = 30
-GREEDY = SamplingParams(temperature=0.0, seed=0)
-
+from support.models import save_random_model
+from support.references import hf_argmax, hf_logits, hf_warped
+from support.workers import (
+    EOS,
+    GREEDY,
+    MAX_CONTEXT,
+    TIMEOUT_S,
+    VOCAB,
+    BackgroundLoop,
+    assert_status,
+    block,
+    prompt,
+    propose,
+    verify,
+    worker_config,
+)
 
 # --- fixtures -------------------------------------------------------------------------------
 
 
-def _config():
-    return llama_config(vocab_size=VOCAB, layers=2, hidden=64, eos_token_id=EOS, max_context=MAX_CONTEXT)
-
-
 @pytest.fixture(scope="module")
 def draft_dir(tmp_path_factory) -> str:
-    return save_random_model(_config(), str(tmp_path_factory.mktemp("workers") / "draft"), seed=1)
+    return save_random_model(worker_config(), str(tmp_path_factory.mktemp("workers") / "draft"), seed=1)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> str:
-    return save_random_model(_config(), str(tmp_path_factory.mktemp("workers") / "target"), seed=0)
+    return save_random_model(worker_config(), str(tmp_path_factory.mktemp("workers") / "target"), seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -66,27 +68,10 @@ def hf_target(target_dir):
     return AutoModelForCausalLM.from_pretrained(target_dir).eval()
 
 
-class _BackgroundLoop:
-    """One asyncio loop in a daemon thread: grpc.aio servers are bound to the loop they start on."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc-servers", daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 60):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
-
-
 @pytest.fixture(scope="module")
 def servers(draft_dir, target_dir):
     """Real grpc.aio servers on 127.0.0.1: {"draft": address, "target": address}."""
-    loop = _BackgroundLoop()
+    loop = BackgroundLoop()
     started = []
     try:
         addresses = {}
@@ -129,62 +114,12 @@ def target_stub(target_channel):
 # --- helpers --------------------------------------------------------------------------------
 
 
-def prompt(n: int, seed: int) -> list[int]:
-    """Deterministic token ids, avoiding the special ids 0..2."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, VOCAB, (n,), generator=g).tolist()
-
-
-def propose(stub, session_id, cache_len, tokens, gamma, params=GREEDY) -> wire.Proposal | None:
-    request = wire.propose_request(session_id, cache_len, tokens, gamma, params)
-    return wire.proposal_from_pb(stub.Propose(request, timeout=TIMEOUT_S))
-
-
-def verify(stub, session_id, cache_len, tokens, proposal, params=GREEDY, verification="token",
-           ) -> wire.Verification | None:
-    request = wire.verify_request(session_id, cache_len, tokens, proposal, params, verification=verification)
-    return wire.verification_from_pb(stub.Verify(request, timeout=TIMEOUT_S))
-
-
 def answer(result):
     """A worker's answer without its timing, for equality checks."""
     if isinstance(result, wire.Proposal):
         return (result.draft_tokens, result.draft_token_probs,
                 [(d.token_ids, d.probs) for d in result.draft_distributions])
     return result.target_token_probs, result.recovered_tokens, result.bonus_token
-
-
-def block(draft_tokens: list[int]) -> wire.Proposal:
-    """A greedy draft block as the draft worker would return it (no distributions)."""
-    return wire.Proposal(list(draft_tokens), [1.0] * len(draft_tokens), [], 0.0)
-
-
-def hf_logits(model, tokens: list[int]) -> torch.Tensor:
-    """Full forward, no cache: logits [len(tokens), V]."""
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0].float()
-
-
-def hf_greedy(model, tokens: list[int], n: int) -> list[int]:
-    """Argmax loop with a full recompute per step (no cache)."""
-    seq = list(tokens)
-    for _ in range(n):
-        seq.append(int(hf_logits(model, seq)[-1].argmax()))
-    return seq[len(tokens):]
-
-
-def hf_warped(logits: torch.Tensor, temperature: float, top_k: int = 0) -> torch.Tensor:
-    """Hugging Face's own warpers → probabilities [..., V]."""
-    scores = TemperatureLogitsWarper(temperature)(None, logits.clone())
-    if top_k:
-        scores = TopKLogitsWarper(top_k)(None, scores)
-    return scores.softmax(-1)
-
-
-def assert_status(excinfo, code: grpc.StatusCode, field: str) -> None:
-    err = excinfo.value
-    assert err.code() == code, f"{err.code()}: {err.details()}"
-    assert field in err.details(), err.details()
 
 
 # --- Describe and health --------------------------------------------------------------------
@@ -216,7 +151,7 @@ def test_greedy_propose_matches_hf_argmax_loop(draft_stub, hf_draft):
         tokens = prompt(n, seed=100 + seed)
         proposal = propose(draft_stub, f"greedy-{seed}", 0, tokens, gamma)
         assert proposal is not None
-        assert proposal.draft_tokens == hf_greedy(hf_draft, tokens, gamma)
+        assert proposal.draft_tokens == hf_argmax(hf_draft, tokens, gamma)
         assert proposal.draft_token_probs == [1.0] * gamma
         assert proposal.draft_distributions == []
 
@@ -229,7 +164,7 @@ def test_propose_continues_a_session_like_a_fresh_one(draft_stub, hf_draft):
     committed = tokens + first.draft_tokens + [7]
     # The cache holds 10 + 2 tokens (the last drafted one is never fed); cache_len = 12.
     second = propose(draft_stub, "continue", 12, committed[12:], 4)
-    assert second.draft_tokens == hf_greedy(hf_draft, committed, 4)
+    assert second.draft_tokens == hf_argmax(hf_draft, committed, 4)
     assert answer(second) == answer(propose(draft_stub, "continue-fresh", 0, committed, 4))
 
 
@@ -288,12 +223,12 @@ def test_propose_cache_miss_then_resend(draft_stub, hf_draft):
     propose(draft_stub, "miss-short", 0, tokens[:4], 1)  # holds 4
     assert propose(draft_stub, "miss-short", 7, tokens[7:], 3) is None
     # The caller re-sends the whole sequence with cache_len 0.
-    expected = hf_greedy(hf_draft, tokens, 3)
+    expected = hf_argmax(hf_draft, tokens, 3)
     assert propose(draft_stub, "miss-unknown", 0, tokens, 3).draft_tokens == expected
     assert propose(draft_stub, "miss-short", 0, tokens, 3).draft_tokens == expected
     # And the session then continues normally.
     assert propose(draft_stub, "miss-unknown", 9, expected[:1], 2).draft_tokens == \
-        hf_greedy(hf_draft, tokens + expected[:1], 2)
+        hf_argmax(hf_draft, tokens + expected[:1], 2)
 
 
 # --- Verify ---------------------------------------------------------------------------------
@@ -301,7 +236,7 @@ def test_propose_cache_miss_then_resend(draft_stub, hf_draft):
 
 def test_greedy_verify_matches_hf_target(target_stub, hf_target):
     tokens = prompt(12, seed=7)
-    truth = hf_greedy(hf_target, tokens, 6)
+    truth = hf_argmax(hf_target, tokens, 6)
     # Blocks: all correct; correct then wrong; wrong first; mixed.
     wrong = [(t + 1) % VOCAB for t in truth]
     blocks = [truth[:5], truth[:2] + wrong[2:4], wrong[:3], [truth[0], wrong[1], truth[2]]]
@@ -319,7 +254,7 @@ def test_greedy_verify_matches_hf_target(target_stub, hf_target):
 def test_verify_continues_after_a_rejection(target_stub, hf_target):
     """The cache held the whole block; the next cache_len crops the rejected part away."""
     tokens = prompt(10, seed=8)
-    truth = hf_greedy(hf_target, tokens, 6)
+    truth = hf_argmax(hf_target, tokens, 6)
     draft = truth[:2] + [(truth[2] + 5) % VOCAB, 4]
     v = verify(target_stub, "reject", 0, tokens, block(draft))
     assert v.target_token_probs[:2] == [1.0, 1.0] and v.target_token_probs[2] == 0.0
@@ -334,11 +269,11 @@ def test_gamma_zero_verify_returns_only_the_bonus(target_stub, hf_target):
     tokens = prompt(6, seed=9)
     v = verify(target_stub, "gamma0", 0, tokens, None)
     assert v.target_token_probs == [] and v.recovered_tokens == []
-    assert v.bonus_token == hf_greedy(hf_target, tokens, 1)[0]
+    assert v.bonus_token == hf_argmax(hf_target, tokens, 1)[0]
     # Plain target decoding, one token per call, through the cache.
     seq = tokens + [v.bonus_token]
     v2 = verify(target_stub, "gamma0", len(tokens), [v.bonus_token], None)
-    assert v2.bonus_token == hf_greedy(hf_target, seq, 1)[0]
+    assert v2.bonus_token == hf_argmax(hf_target, seq, 1)[0]
 
 
 def test_sampled_verify_matches_hf_softmax_and_is_deterministic(draft_stub, target_stub, hf_target):
@@ -479,7 +414,7 @@ def test_aio_clients_round_trip(servers, hf_draft, hf_target):
 
     d_info, t_info, proposal, verification, miss, released, draft_ms, verify_ms = asyncio.run(main())
     assert d_info.vocab_size == t_info.vocab_size == VOCAB
-    assert proposal.draft_tokens == hf_greedy(hf_draft, tokens, 3)
+    assert proposal.draft_tokens == hf_argmax(hf_draft, tokens, 3)
     assert proposal.compute_ms > 0 and draft_ms > 0 and verify_ms > 0
     argmax = hf_logits(hf_target, tokens + proposal.draft_tokens)[len(tokens) - 1 :].argmax(-1).tolist()
     assert verification.recovered_tokens == argmax[:3] and verification.bonus_token == argmax[3]
@@ -535,7 +470,7 @@ def test_a_batched_propose_over_its_stream_answers_in_order(draft_stub, hf_draft
     assert len(responses) == 2
     for response in responses:
         proposals = [wire.proposal_from_pb(answer) for answer in wire.batch_answers(response)]
-        assert [p.draft_tokens for p in proposals] == [hf_greedy(hf_draft, t, g) for t, g in zip(rows, gammas)]
+        assert [p.draft_tokens for p in proposals] == [hf_argmax(hf_draft, t, g) for t, g in zip(rows, gammas)]
 
 
 def test_a_call_from_a_taken_over_writer_is_refused_after_the_new_writers(target_stub, hf_target):
@@ -610,7 +545,7 @@ def test_calls_made_in_one_turn_go_as_one_batch_each_answered_alone(servers, hf_
         assert batches == expected
         bad = results.pop(3)
         assert isinstance(bad, grpc.aio.AioRpcError) and bad.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert [r.answer.draft_tokens for r in results] == [hf_greedy(hf_draft, t, 2) for t in rows]
+        assert [r.answer.draft_tokens for r in results] == [hf_argmax(hf_draft, t, 2) for t in rows]
 
 
 def test_a_restarted_worker_gets_new_batch_streams_not_the_ended_ones(draft_dir):
@@ -618,7 +553,7 @@ def test_a_restarted_worker_gets_new_batch_streams_not_the_ended_ones(draft_dir)
     write to it (that raises no gRPC status), but answer, or fail with a status that moves the
     session to another worker."""
     runtime = ModelRuntime(draft_dir)
-    loop = _BackgroundLoop()
+    loop = BackgroundLoop()
     try:
         server, port = loop.run(start_server(draft_worker.add_to_server, runtime, "127.0.0.1", 0))
 
@@ -707,7 +642,7 @@ def test_runtime_gemm_layout_keeps_the_model_and_keep_returns_the_tail(tmp_path)
     """Hugging Face's pass (a model the Llama pass does not cover): the column-major weights
     hold the same values (tied output embedding included), and keep=n returns the last n
     positions' logits, equal to Hugging Face's."""
-    config = _config()
+    config = worker_config()
     config.tie_word_embeddings = True
     config.attention_bias = True
     path = save_random_model(config, str(tmp_path / "tied"), seed=3)
@@ -852,7 +787,7 @@ def test_bad_request_leaves_the_session_alone(draft_stub, hf_draft):
     propose(draft_stub, "kept", 0, tokens, 1)  # holds 6
     with pytest.raises(grpc.RpcError):
         draft_stub.Propose(wire.propose_request("kept", 6, [VOCAB], 2, GREEDY), timeout=TIMEOUT_S)
-    assert propose(draft_stub, "kept", 6, [9], 2).draft_tokens == hf_greedy(hf_draft, tokens + [9], 2)
+    assert propose(draft_stub, "kept", 6, [9], 2).draft_tokens == hf_argmax(hf_draft, tokens + [9], 2)
 
 
 @pytest.mark.parametrize("method,channel_name", [

@@ -8,5 +8,5 @@ prompt in one run, with the cost of every part of a cycle.
 - `harness`: the run plan (warm-up, interleaving, concurrency, memory) and the outputs;
 - `tracing_cost`, `otlp`: what tracing costs, measured against a real OTLP receiver;
 - `corpus`: where the code comes from: the standard library the shipped pair trains on,
-  third-party code the held-out prompts come from.
+  third-party code the held-out prompts come from, and the prompt files read back.
 """

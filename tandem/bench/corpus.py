@@ -1,9 +1,11 @@
-"""Where tandem's code comes from: the standard library to train on, third-party code to test on.
+"""Where tandem's code comes from: the standard library to train on, third-party code to test on,
+and the prompt files made from it (benchmarks/prompts/), read back.
 
 Training sees only the standard library (every Python carries it). Evaluation uses pure-Python
 packages installed next to tandem (site-packages), which training never reads.
 """
 
+import json
 import random
 import re
 import sysconfig
@@ -55,4 +57,17 @@ def function_prompts(files: list[Path], n: int, seed: int, context_lines: int = 
         while len(head) > 1 and len("\n".join(head)) > max_chars:
             head = head[1:]
         prompts.append({"source": f"{f.relative_to(site)}:{i + 1}", "prompt": "\n".join(head)})
+    return prompts
+
+
+def load_prompts(path: str | Path) -> list[str]:
+    """Prompts from a JSON-lines file (one {"prompt": "..."} per line, as function_prompts makes
+    them) or, otherwise, a text file whose prompts are separated by lines holding only `---`."""
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith(".jsonl"):
+        prompts = [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+    else:
+        prompts = [p.strip("\n") for p in text.split("\n---\n") if p.strip()]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
     return prompts

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -21,16 +20,11 @@ from pathlib import Path
 import aiohttp
 
 from tandem.bench.runs import Run
+from tandem.ports import free_port
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 START_TIMEOUT_S = 600.0  # a cold start on 2 cores takes about a minute; the draft model adds more
 STOP_TIMEOUT_S = 20.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # --- /proc ------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context", "tree_widths", "writer_epoch", "ahead", "tree_rule")
+    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context", "tree_widths", "writer_epoch", "ahead", "tree_rule", "ahead_guesses")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class ProposeRequest(_message.Message):
     WRITER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     TREE_RULE_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_GUESSES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -36,7 +37,8 @@ class ProposeRequest(_message.Message):
     writer_epoch: int
     ahead: bool
     tree_rule: _sampling_pb2.TreeRule
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., ahead: _Optional[bool] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ...) -> None: ...
+    ahead_guesses: int
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., ahead: _Optional[bool] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ..., ahead_guesses: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching", "draft_parents")

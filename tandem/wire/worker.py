@@ -96,11 +96,11 @@ def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
 
 def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None,
                     tree_widths=(), writer_epoch: int = 0, ahead: bool = False,
-                    tree_rule: str = "") -> worker_pb2.ProposeRequest:
+                    tree_rule: str = "", ahead_guesses: int = 0) -> worker_pb2.ProposeRequest:
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
         sampling=sampling_to_pb(params), trace_context=trace_context, tree_widths=tree_widths,
-        writer_epoch=writer_epoch, ahead=ahead, tree_rule=TREE_RULE.to_pb(tree_rule),
+        writer_epoch=writer_epoch, ahead=ahead, tree_rule=TREE_RULE.to_pb(tree_rule), ahead_guesses=ahead_guesses,
     )
 
 

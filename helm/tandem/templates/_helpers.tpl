@@ -233,7 +233,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* The standard OpenTelemetry variables (README: Tracing) and the pod's identity. */}}
+{{/* The standard OpenTelemetry variables (docs/observability.md) and the pod's identity. */}}
 {{- define "tandem.otelEnv" -}}
 - name: POD_NAME
   valueFrom:
@@ -493,6 +493,7 @@ prometheus.io/path: /metrics
 {{- if not $o.draftAhead }}
 {{- $flags = append $flags "--no-draft-ahead" }}
 {{- end }}
+{{- $flags = concat $flags (list "--ahead-guesses" (toString (int $o.aheadGuesses))) }}
 {{- if .Values.tls.enabled }}
 {{- $flags = concat $flags (list "--tls-cert" "/etc/tandem/tls/tls.crt" "--tls-key" "/etc/tandem/tls/tls.key" "--tls-ca" "/etc/tandem/tls/ca.crt") }}
 {{- end }}

@@ -1,5 +1,5 @@
-"""Test support, not product: tiny random Llama models with a real tokenizer, built in seconds
-with no downloads and loaded through from_pretrained, the path users take.
+"""Tiny random Llama models with a real tokenizer, built in seconds with no downloads and loaded
+through from_pretrained, the path users take.
 
 Random weights say nothing about acceptance; the mechanics (tokenizer, from_pretrained,
 caches, exactness) are the real ones.

@@ -1,5 +1,5 @@
-"""Test support, not product: the cycle loop on real worker processes and a real Redis,
-without Ray, as the orchestrator's deployment runs it."""
+"""The cycle loop on real worker processes and a real Redis, without Ray, as the orchestrator's
+deployment runs it: a loop over pools of workers, sessions on it, and sampled first tokens."""
 
 import asyncio
 from collections import Counter
