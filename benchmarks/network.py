@@ -158,12 +158,12 @@ def runahead(args) -> None:
 
 
 def _runahead_medians(rows: list[dict]) -> dict[tuple, dict]:
-    """(delay, workload, mode, guesses) → its median row over the rounds (the lower middle one)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["delay_ms"], r["workload"], r["mode"], r["guesses"]), []).append(r)
-    return {k: sorted(g, key=lambda r: r["aggregate_tokens_per_s"])[(len(g) - 1) // 2]
-            for k, g in sorted(groups.items())}
+    """(delay, workload, mode, guesses) → its median row over the rounds."""
+
+    def key(r: dict) -> tuple:
+        return r["delay_ms"], r["workload"], r["mode"], r["guesses"]
+
+    return {key(m): m for m in sorted(_medians(rows, key), key=key)}
 
 
 def write_runahead(rows: list[dict], args) -> None:
@@ -360,12 +360,13 @@ def plot_calibration(out: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _medians(group: list[dict]) -> list[dict]:
-    """A point's rows, one per mode: its repeat with the median tokens/s (the lower middle one)."""
-    by_mode: dict[str, list[dict]] = {}
+def _medians(group: list[dict], by=lambda r: r["mode"]) -> list[dict]:
+    """A point's rows, one per mode (or per `by`): its repeat with the median tokens/s (the lower
+    middle one)."""
+    groups: dict = {}
     for r in group:
-        by_mode.setdefault(r["mode"], []).append(r)
-    return [sorted(rs, key=lambda r: r["aggregate_tokens_per_s"])[(len(rs) - 1) // 2] for rs in by_mode.values()]
+        groups.setdefault(by(r), []).append(r)
+    return [sorted(rs, key=lambda r: r["aggregate_tokens_per_s"])[(len(rs) - 1) // 2] for rs in groups.values()]
 
 
 def _median_rows(rows: list[dict]) -> list[dict]:

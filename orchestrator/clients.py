@@ -219,7 +219,7 @@ class DraftClient(WorkerClient):
         worker's default, rrsw)."""
         def encode(trace_context):
             return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths,
-                                        epoch, ahead, tree_rule, guesses if ahead and guesses > 1 else 0)
+                                        epoch, ahead, tree_rule, guesses if ahead else 0)
 
         attributes = {"tandem.draft_ahead": True, "tandem.ahead_guesses": guesses} if ahead else None
         if tree_widths:

@@ -177,12 +177,12 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
 
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
         """The job that answers a checked request, and how many probabilities it returns."""
-        widths = list(request.tree_widths)
+        widths, k = list(request.tree_widths), guesses(request)
         args = (request.session_id, request.cache_len, list(request.tokens))
         if is_tree(widths):
             job = propose_tree(*args, widths, params, rule=tree_rule(request))
-        elif guesses(request) > 1:
-            job = propose_ahead(*args, request.gamma, guesses(request), params)
+        elif k > 1:
+            job = propose_ahead(*args, request.gamma, k, params)
         else:
             job = propose(*args, request.gamma, params, ahead=request.ahead)
         return job, self.returned_probs(request, params)
