@@ -5,14 +5,27 @@
   subprocess (both sets of numbers from the same machine, one after the other);
 - `side_by_side`, `Engine` and `serve`: the script's measurements as a server in a process per
   engine, so that the engines can take turns measurement by measurement (`in_turn`), side by
-  side on the machine's drift (which here moves a run by 10 to 30 %)."""
+  side on the machine's drift (which here moves a run by 10 to 30 %).
+
+Run as a script, it checks that machinery end to end on a baseline (the checkout's HEAD unless
+--baseline names another): `compare` and `side_by_side` each time 10,000 accept tests
+(tandem.math.acceptance) on this tree's code and on the baseline's; the run fails unless the
+baseline's engines imported the baseline's `tandem` (and its `tandem.services`) and this tree's
+did not; the timings go to DIR/baseline.{json,png}.
+
+    .venv/bin/python benchmarks/baseline.py --smoke --out DIR [--baseline COMMIT]
+"""
 
 import argparse
+import atexit
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,7 +59,10 @@ def compare(args: argparse.Namespace, measure: Callable[[], Any]) -> dict | None
                 argv.append(a)
         env = dict(os.environ, PYTHONPATH=package(args.baseline))
         done = subprocess.run([sys.executable, sys.argv[0], *argv, ENGINE_ONLY], env=env, capture_output=True,
-                              text=True, check=True)
+                              text=True)
+        if done.returncode:  # its stderr, or the reason would be lost with it
+            raise RuntimeError(f"the baseline's run ({args.baseline}) exited {done.returncode}:\n"
+                               f"{done.stderr[-4000:]}")
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(RESULT))
         results["before"], results["baseline"] = json.loads(line[len(RESULT):]), args.baseline
     return results
@@ -62,19 +78,27 @@ def serve(measure: Callable[[dict], dict]) -> None:
 
 class Engine:
     """`script --serve` (or `script *args`) in a process of its own, on this tree's code or
-    (package) a baseline's."""
+    (package) a baseline's. Made, it is starting; ready() waits for it, so that several engines
+    load at once."""
 
     def __init__(self, script: str, package: str | None = None, args: tuple[str, ...] = ("--serve",)) -> None:
         env = dict(os.environ, **({"PYTHONPATH": package} if package else {}))
+        self.script = script
         self.proc = subprocess.Popen([sys.executable, script, *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+    def ready(self) -> None:
+        """Wait for the engine's "ready" line."""
         if self.proc.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"{script} --serve did not start")
+            raise RuntimeError(f"{self.script} --serve did not start")
 
     def ask(self, **question) -> dict:
         self.proc.stdin.write(json.dumps(question) + "\n")
         self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"{self.script} --serve exited (code {self.proc.wait()}) before answering {question}")
+        return json.loads(answer)
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -86,9 +110,11 @@ def side_by_side(script: str, commit: str | None, measure: Callable[[dict[str, E
     """measure(engines) with this tree's engine ("batched") and, given a commit, that commit's
     ("before"), each `script *args` in a process of its own → (what it measured, the engines)."""
     engines = {"batched": Engine(script, args=args)}
-    if commit:
-        engines["before"] = Engine(script, package(commit), args=args)
     try:
+        if commit:
+            engines["before"] = Engine(script, package(commit), args=args)
+        for engine in engines.values():
+            engine.ready()
         return measure(engines), list(engines)
     finally:
         for engine in engines.values():
@@ -123,10 +149,12 @@ def pyplot():
 
 def package(commit: str) -> str:
     """A directory holding the commit's `tandem` package, laid out as installed (services/ and
-    orchestrator/ under tandem/) → its path; a directory given instead is taken as it is."""
+    orchestrator/ under tandem/) → its path; a directory given instead is taken as it is. The
+    directory made lasts until this process exits (its engines' subprocesses end before)."""
     if Path(commit).is_dir():
         return commit
     out = Path(tempfile.mkdtemp(prefix=f"tandem-{commit[:10]}-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     tree = out / "tree"
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "tandem", "services", "orchestrator"],
@@ -136,3 +164,73 @@ def package(commit: str) -> str:
     for part in ("services", "orchestrator"):
         (tree / part).rename(out / "tandem" / part)
     return str(out)
+
+
+def where() -> dict:
+    """Where this process's `tandem` and `tandem.services` come from, and the milliseconds of
+    10,000 accept tests (tandem.math.acceptance): what the smoke check compares."""
+    from tandem.math.acceptance import count_accepted
+
+    start = time.perf_counter()
+    for _ in range(10_000):
+        count_accepted([0.9, 0.8, 0.7], [0.5, 0.9, 0.1], [0.3, 0.6, 0.2])
+    return {"tandem": importlib.util.find_spec("tandem").origin,
+            "services": importlib.util.find_spec("tandem.services").origin,
+            "ms": (time.perf_counter() - start) * 1e3}
+
+
+def check_sources(engine: str, found: dict, package_dir: str) -> None:
+    """Fail unless the "before" engine ran the baseline's code and "batched" this tree's."""
+    root = Path(package_dir).resolve()
+    for key in ("tandem", "services"):
+        inside = root in Path(found[key]).resolve().parents
+        if inside != (engine == "before"):
+            raise SystemExit(f"baseline check: the {engine!r} engine imported {key} from {found[key]}, "
+                             f"{'outside' if engine == 'before' else 'inside'} the baseline's package {package_dir}")
+
+
+def smoke(args: argparse.Namespace) -> None:
+    """compare and side_by_side on the baseline, their engines' sources checked, the timings saved."""
+    if args.engine_only:  # compare's subprocess, on the baseline's code
+        compare(args, where)
+        return
+    commit = args.baseline or "HEAD"
+    args.baseline = package(commit)  # one archive for both paths
+    compared = compare(args, where)
+    rows, engines = side_by_side(__file__, args.baseline,
+                                 lambda e: [{name: e[name].ask() for name in in_turn(e, i)} for i in range(2)])
+    for engine in ("batched", "before"):
+        check_sources(engine, compared[engine], args.baseline)
+        for row in rows:
+            check_sources(engine, row[engine], args.baseline)
+    out = Path(args.out)
+    save(out, "baseline", commit, [{"compare": compared}, *rows])
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3))
+    names = shown(engines)
+    for i, row in enumerate([{e: compared[e] for e in names}, *rows]):
+        ax.plot(names, [row[e]["ms"] for e in names], marker="o", label="compare" if i == 0 else f"side by side {i}")
+    ax.set(title=f"10,000 accept tests, now and at {commit[:10]}", ylabel="ms")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "baseline.png", dpi=120)
+    print(json.dumps({"compare": compared, "side_by_side": rows}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="check this module's machinery (its only run)")
+    parser.add_argument("--out", help="the folder for baseline.json and baseline.png")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # side_by_side's engine
+    add_arguments(parser)
+    args = parser.parse_args()
+    if args.serve:
+        serve(lambda question: where())
+    elif not (args.smoke and args.out):
+        parser.error("baseline.py is a library; run as a script it is its own check: --smoke --out DIR")
+    else:
+        smoke(args)
+
+
+if __name__ == "__main__":
+    main()

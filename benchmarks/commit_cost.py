@@ -7,9 +7,11 @@ cycle at γ = 0 does; the sessions' commits are made concurrently, as the cycle 
 Measured: the client's CPU per commit (the event loop thread's: redis-py's packing and parsing,
 the store's own work), Redis's CPU per commit (its process's), and a turn's wall time. With
 `--baseline COMMIT` (benchmarks/baseline.py) the same runs on that commit's store right after.
-Writes results/commit_cost.{json,md,png}.
+Writes commit_cost.{json,md,png} to --out (results/). `--smoke` runs it all at a tiny size
+(2 levels, 40 commits each), against the checkout's HEAD unless --baseline names another.
 
     .venv/bin/python benchmarks/commit_cost.py [--sessions 1,8,32,64] [--commits 20000] [--baseline COMMIT]
+        [--out DIR] [--smoke]
 """
 
 import argparse
@@ -71,7 +73,7 @@ def measure(levels: list[int], commits: int) -> list[dict]:
         return [asyncio.run(measure_level(redis, n, max(1, commits // n))) for n in levels]
 
 
-def report(results: dict) -> None:
+def report(results: dict, out: Path) -> None:
     engines = [e for e in ("before", "batched") if e in results]
     names = {"before": f"before ({results.get('baseline', '')[:10]})", "batched": "now"}
     lines = ["| sessions per turn | " + " | ".join(f"client µs/commit, {names[e]}" for e in engines)
@@ -82,9 +84,9 @@ def report(results: dict) -> None:
         cells = [f"{results[e][i][key]:.1f}" if key != "turn_ms" else f"{results[e][i][key]:.2f}"
                  for key in ("client_us", "redis_us", "turn_ms") for e in engines]
         lines.append(f"| {row['sessions']} | " + " | ".join(cells) + " |")
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "commit_cost.json").write_text(json.dumps(results, indent=1))
-    (OUT / "commit_cost.md").write_text("\n".join(lines) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "commit_cost.json").write_text(json.dumps(results, indent=1))
+    (out / "commit_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plt = baseline.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -98,19 +100,27 @@ def report(results: dict) -> None:
         ax.set_ylim(bottom=0)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT / "commit_cost.png", dpi=120)
+    fig.savefig(out / "commit_cost.png", dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", default="1,8,32,64", help="sessions committing per turn, comma-separated")
     parser.add_argument("--commits", type=int, default=20000, help="commits measured per level")
+    parser.add_argument("--out", type=Path,
+                        help="the folder for commit_cost.{json,md,png} (default: benchmarks/results)")
+    parser.add_argument("--smoke", action="store_true", help="the whole run at a tiny size, against HEAD by default")
     baseline.add_arguments(parser)
     args = parser.parse_args()
+    if args.smoke and args.out is None:  # a smoke run writes nothing over the measured results
+        parser.error("--smoke writes only to a folder given with --out")
+    args.out = args.out or OUT
+    if args.smoke:
+        args.sessions, args.commits, args.baseline = "1,4", 40, args.baseline or "HEAD"
     levels = [int(n) for n in args.sessions.split(",")]
     results = baseline.compare(args, lambda: measure(levels, args.commits))
     if results is not None:
-        report(results)
+        report(results, args.out)
 
 
 if __name__ == "__main__":

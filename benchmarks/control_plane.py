@@ -9,6 +9,11 @@ tokens/s and every process's CPU per generated token. Random weights accept almo
 adaptive γ should stay near γ = 0; what the table shows is the control plane's cost per token.
 
     .venv/bin/python benchmarks/control_plane.py [--levels 1,8,32,64] [--out benchmarks/results/control_plane]
+        [--smoke]
+
+--smoke: the same path at vllm_peer.py's smoke size (it gets --smoke and --out; its smoke levels
+unless --levels is given), results only to --out. The pair is built in a temporary directory
+either way.
 """
 
 import argparse
@@ -44,16 +49,33 @@ def build_pair(out: Path) -> tuple[str, str]:
     return dirs[0], dirs[1]
 
 
-def main() -> None:
+def peer_command(args: argparse.Namespace, target: str, draft: str) -> list[str]:
+    """vllm_peer.py's command line: tandem alone, the draft model drafting, on the tiny pair."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "vllm_peer.py"), "--systems", "tandem", "--drafters", "model",
+           "--target", target, "--draft", draft]
+    if args.levels:
+        cmd += ["--levels", args.levels]
+    if args.out:
+        cmd += ["--out", args.out]
+    return cmd + (["--smoke"] if args.smoke else [])
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--levels", default="1,8,32,64", help="sessions in flight, comma-separated")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "control_plane"))
-    args = parser.parse_args()
+    parser.add_argument("--levels", default=None, help="sessions in flight, comma-separated (default: 1,8,32,64; "
+                                                       "with --smoke: vllm_peer.py's smoke levels)")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/control_plane (with --smoke: "
+                                                    "vllm_peer.py's, a new temporary directory)")
+    parser.add_argument("--smoke", action="store_true", help="the same path at vllm_peer.py's smoke size")
+    args = parser.parse_args(argv)
+    if not args.smoke:
+        args.levels = args.levels or "1,8,32,64"
+        args.out = args.out or str(ROOT / "benchmarks" / "results" / "control_plane")
     with tempfile.TemporaryDirectory(prefix="tandem-tiny-pair-") as tmp:
         target, draft = build_pair(Path(tmp))
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_peer.py"), "--systems", "tandem",
-                        "--drafters", "model", "--target", target, "--draft", draft, "--levels", args.levels,
-                        "--out", args.out], check=True)
+        done = subprocess.run(peer_command(args, target, draft))
+    if done.returncode:
+        raise SystemExit(f"control_plane: vllm_peer.py exited {done.returncode}")
 
 
 if __name__ == "__main__":

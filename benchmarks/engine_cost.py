@@ -9,9 +9,12 @@ CPU time (from /proc, each Batcher's own thread) divided by the tokens generated
 engine's CPU per token; no gRPC, no orchestrator, nothing else counted. With `--baseline
 COMMIT` a second process runs that commit's engine (benchmarks/baseline.py): the two take turns
 generation by generation, and each ratio pairs generations run side by side on the machine's
-drift. Writes results/engine_cost.{json,md,png}.
+drift. Writes engine_cost.{json,md,png} to --out (results/). `--smoke` runs it all at a tiny
+size (1 and 2 sessions, 8 tokens, one generation each), against the checkout's HEAD unless
+--baseline names another.
 
     .venv/bin/python benchmarks/engine_cost.py [--sessions 1,8,32,64] [--gammas 0,3] [--repeats 3] [--baseline COMMIT]
+        [--out DIR] [--smoke]
 """
 
 import argparse
@@ -153,7 +156,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="generations per engine and point")
     parser.add_argument("--baseline", help="a commit (or its package directory) whose engine runs the same generations")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # a generation server for up to N sessions
+    parser.add_argument("--out", type=Path,
+                        help="the folder for engine_cost.{json,md,png} (default: benchmarks/results)")
+    parser.add_argument("--smoke", action="store_true", help="the whole run at a tiny size, against HEAD by default")
     args = parser.parse_args()
+    if args.smoke and args.out is None:  # a smoke run writes nothing over the measured results
+        parser.error("--smoke writes only to a folder given with --out")
+    args.out = args.out or OUT
+    if args.smoke:
+        args.sessions, args.max_tokens, args.repeats, args.baseline = "1,2", 8, 1, args.baseline or "HEAD"
     torch.set_num_threads(1)  # as a worker runs here
     counts, gammas = [int(n) for n in args.sessions.split(",")], [int(g) for g in args.gammas.split(",")]
     if args.serve:
@@ -163,11 +174,11 @@ def main() -> None:
     rows, engines = baseline.side_by_side(__file__, args.baseline,
                                           lambda e: measure(e, counts, gammas, args.max_tokens, args.repeats),
                                           args=("--serve", str(max(counts))))
-    baseline.save(OUT, "engine_cost", args.baseline, rows)
-    write_table(rows, engines)
+    baseline.save(args.out, "engine_cost", args.baseline, rows)
+    write_table(rows, engines, args.out)
 
 
-def write_table(rows: list[dict], engines: list[str]) -> None:
+def write_table(rows: list[dict], engines: list[str], out: Path) -> None:
     plt = baseline.pyplot()
     shown = baseline.shown(engines)
     paired = "before" in shown
@@ -178,9 +189,10 @@ def write_table(rows: list[dict], engines: list[str]) -> None:
     for r in rows:
         cells = " | ".join(f"{r[e]['target_cpu_ms_per_token']:.2f} | {r[e]['draft_cpu_ms_per_token']:.2f}"
                            for e in shown)
-        ratios = "".join(f" | {x:.2f}" if x else " | –" for x in r["paired_ratio"].values()) if paired else ""
+        ratios = "".join(f" | {x:.2f}" if x is not None else " | –"
+                         for x in r["paired_ratio"].values()) if paired else ""
         lines.append(f"| {r['sessions']} | {r['gamma']} | {r['batched']['tokens_per_cycle']:.2f} | {cells}{ratios} |")
-    (OUT / "engine_cost.md").write_text("\n".join(lines) + "\n")
+    (out / "engine_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, worker in zip(axes, ("target", "draft")):
@@ -194,7 +206,7 @@ def write_table(rows: list[dict], engines: list[str]) -> None:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "engine_cost.png", dpi=120)
+    fig.savefig(out / "engine_cost.png", dpi=120)
 
 
 if __name__ == "__main__":

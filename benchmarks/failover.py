@@ -1,7 +1,7 @@
 """What a failure costs a stream on the shipped pair: the time from a SIGKILL to the next token,
 for each process that can die, and what the re-prefill after a failover costs.
 
-    .venv/bin/python benchmarks/failover.py [--repeats 5] [--tokens 300]
+    .venv/bin/python benchmarks/failover.py [--repeats 5] [--tokens 300] [--out DIR] [--smoke]
 
 A local cluster (`LocalCluster`: 2 draft workers, 2 target verifiers, 2 orchestrator replicas,
 the embedded Redis with its append-only file) serves one greedy stream at a time. Once the
@@ -15,7 +15,11 @@ Then the re-prefill a failover costs the worker that takes a session over: one v
 cache_len 0 over the whole sequence (64 to 1,000 tokens), against a steady verify (one
 committed token and 3 drafted ones), on a verifier of its own.
 
-Writes results/failover.{json,md,png}.
+Writes failover.{json,md,png} to --out (results/).
+
+--smoke: the whole path at a tiny size (one kill of each kind, 24-token streams, re-prefill at 64
+and 128 tokens, one repetition), on a Ray of its own, into --out alone; its numbers mean nothing,
+but every stream is still checked against the undisturbed run.
 """
 
 import argparse
@@ -46,6 +50,7 @@ OUT = Path(__file__).resolve().parent / "results"
 KILLS = ("draft worker", "target verifier", "orchestrator replica", "redis")
 PROMPT = "def parse_arguments(argv):"
 LENGTHS = (64, 128, 256, 512, 1000)
+SMOKE = {"repeats": 1, "tokens": 24, "lengths": (64, 128)}
 HEALTH_CHECK_PERIOD_S = 2.0  # the orchestrator deployment's
 
 
@@ -102,14 +107,15 @@ def kills(draft: str, target: str, repeats: int, tokens: int) -> dict:
         results = {kill: [] for kill in KILLS}
         for kill in tqdm([k for k in KILLS for _ in range(repeats)], desc="kills"):
             run = one_stream(cluster, tokens, kill)
-            assert run["tokens"] == reference["tokens"], f"{kill}: the output changed"
+            if run["tokens"] != reference["tokens"]:
+                raise RuntimeError(f"{kill}: the output changed (the stream differs from the undisturbed run)")
             results[kill].append({k: v for k, v in run.items() if k != "tokens"})
             wait_recovered(cluster, kill)
         return {"reference_median_gap_ms": reference["median_gap_ms"], "tokens": len(reference["tokens"]),
                 "kills": results}
 
 
-def reprefill(target: str, repeats: int) -> list[dict]:
+def reprefill(target: str, repeats: int, lengths: tuple[int, ...] = LENGTHS) -> list[dict]:
     """Verify compute from cache_len 0 over n tokens, against a steady verify, on one verifier."""
     proc, address = spawn_worker("target", target, "127.0.0.1", 1, "cpu", "float32", echo=False)
     greedy = SamplingParams(temperature=0.0)
@@ -118,7 +124,7 @@ def reprefill(target: str, repeats: int) -> list[dict]:
         client = VerifierClient(address)
         block = Proposal([11, 12, 13], [1.0] * 3, [], 0.0)  # 3 drafted tokens, greedy
         rows = []
-        for n in tqdm(LENGTHS, desc="re-prefill"):
+        for n in tqdm(lengths, desc="re-prefill"):
             sequence = [(17 * i) % 4000 + 10 for i in range(n)]
             full, steady = [], []
             for r in range(repeats):
@@ -182,12 +188,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None, help="the folder for failover.{json,md,png} (results/)")
+    parser.add_argument("--smoke", action="store_true", help="the whole path at a tiny size; numbers mean nothing")
     args = parser.parse_args()
+    lengths = LENGTHS
+    if args.smoke:
+        if args.out is None:
+            parser.error("--smoke writes only to --out: give one")
+        args.repeats, args.tokens, lengths = SMOKE["repeats"], SMOKE["tokens"], SMOKE["lengths"]
+        # A Ray of its own: ray.init would otherwise join the Ray at RAY_ADDRESS, or the last one
+        # `ray start` left on this machine, and its kills would hit what runs there.
+        os.environ["RAY_ADDRESS"] = "local"
+    if args.repeats < 1 or args.tokens < 3:
+        parser.error("--repeats must be ≥ 1 and --tokens ≥ 3 (the kill comes once a third is delivered)")
+    args.out = args.out or OUT
     draft, target = default_pair()
     started = time.time()
-    result = {"repeats": args.repeats, "kills": kills(draft, target, args.repeats, args.tokens),
-              "reprefill": reprefill(target, args.repeats)}
+    result = {"repeats": args.repeats, "smoke": args.smoke,
+              "kills": kills(draft, target, args.repeats, args.tokens),
+              "reprefill": reprefill(target, args.repeats, lengths)}
     result["duration_s"] = time.time() - started
     write(result, args.out)
     print((args.out / "failover.md").read_text())

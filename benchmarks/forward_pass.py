@@ -6,15 +6,16 @@ pass `ModelRuntime` can use, interleaved so that all see the same machine:
   runtime's pass for architectures the Llama pass does not cover;
 - Llama pass: `tandem.services.llama.LlamaPass`, the runtime's pass for the shipped pair.
 
-Writes results/forward_pass.{json,md,png}; reproduces the table in benchmarks/README.md.
+Writes forward_pass.{json,md,png} to --out (results/); reproduces the table in
+benchmarks/README.md. `--smoke` runs it all at a tiny size: one repetition of 1 and 4 tokens.
 
-    .venv/bin/python benchmarks/forward_pass.py [repetitions per point, default 40]
+    .venv/bin/python benchmarks/forward_pass.py [repetitions per point, default 40] [--out DIR] [--smoke]
 """
 
+import argparse
 import copy
 import json
 import statistics as st
-import sys
 import time
 from pathlib import Path
 
@@ -47,14 +48,14 @@ def forward_ms(fp, n: int) -> float:
     return elapsed
 
 
-def measure(model_dir: Path, reps: int) -> dict:
+def measure(model_dir: Path, reps: int, tokens: tuple[int, ...] = TOKENS) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     passes = {BASELINE: HFPass(copy.deepcopy(model), column_major=False),
               "HF column-major": HFPass(copy.deepcopy(model), column_major=True),
               "Llama pass": LlamaPass(model, column_major=True)}
     rows = {}
     with torch.inference_mode():
-        for n in tqdm(TOKENS, desc=model_dir.name, unit="point"):
+        for n in tqdm(tokens, desc=model_dir.name, unit="point"):
             times = {name: [] for name in passes}
             for _ in range(reps):
                 for name, fp in passes.items():
@@ -64,11 +65,25 @@ def measure(model_dir: Path, reps: int) -> dict:
 
 
 def main() -> None:
-    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("reps", nargs="?", type=int, default=40, help="repetitions per point")
+    parser.add_argument("--out", type=Path,
+                        help="the folder for forward_pass.{json,md,png} (default: benchmarks/results)")
+    parser.add_argument("--smoke", action="store_true", help="the whole run at a tiny size")
+    args = parser.parse_args()
+    if args.smoke and args.out is None:  # a smoke run writes nothing over the measured results
+        parser.error("--smoke writes only to a folder given with --out")
+    args.out = args.out or OUT
+    reps, tokens = (1, (1, 4)) if args.smoke else (args.reps, TOKENS)
     torch.set_num_threads(1)  # as a worker runs here
-    results = {name: measure(ROOT / "models" / name, reps) for name in ("target", "draft")}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "forward_pass.json").write_text(json.dumps({"repetitions": reps, "median_ms": results}, indent=1))
+    results = {name: measure(ROOT / "models" / name, reps, tokens) for name in ("target", "draft")}
+    write(results, reps, args.out)
+
+
+def write(results: dict, reps: int, out: Path) -> None:
+    """The medians as out/forward_pass.json, a table (.md, and printed) and a chart (.png)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "forward_pass.json").write_text(json.dumps({"repetitions": reps, "median_ms": results}, indent=1))
     names = list(next(iter(results["target"].values())))
     lines = ["| model | tokens | " + " | ".join(f"{n} ms" for n in names) + " | "
              + " | ".join(f"{n} / stock" for n in names[1:]) + " |", "|---" * (2 + 2 * len(names) - 1) + "|"]
@@ -76,7 +91,7 @@ def main() -> None:
         for n, r in rows.items():
             lines.append(f"| {model} | {n} | " + " | ".join(f"{r[k]:.2f}" for k in names) + " | "
                          + " | ".join(f"{r[k] / r[BASELINE]:.2f}" for k in names[1:]) + " |")
-    (OUT / "forward_pass.md").write_text("\n".join(lines) + "\n")
+    (out / "forward_pass.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, (model, rows) in zip(axes, results.items()):
@@ -86,7 +101,7 @@ def main() -> None:
         ax.set_ylim(bottom=0)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(OUT / "forward_pass.png", dpi=120)
+    fig.savefig(out / "forward_pass.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ warm-up, synchronized. With `--baseline COMMIT` (or a directory holding that com
 package, benchmarks/baseline.py), the same rounds run on the engine before batching in a
 subprocess: the "before" rows.
 `--device cpu --small` runs it all on a tiny pair, counting aten operators instead of kernels:
-a check of the script, not a measurement.
+a check of the script, not a measurement. `--smoke` is that check at its smallest, the one CI
+runs: on the CPU in float32, the tiny pair with a 4096-token vocabulary, 1 and 2 sessions of
+32-token contexts decoding 8 tokens, one repetition, the pair built under --out, against the
+checkout's HEAD unless --baseline names another.
 
-    python benchmarks/gpu_engine.py --out DIR [--baseline DIR] [--sessions 1,8,32,64]
+    python benchmarks/gpu_engine.py --out DIR [--baseline DIR] [--sessions 1,8,32,64] [--dtype bfloat16] [--smoke]
 """
 
 import argparse
@@ -44,11 +47,11 @@ PAIRS = {
               "draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
                             num_key_value_heads=1)},
 }
-DEVICE = "cuda"
+DEVICE, DTYPE = "cuda", "bfloat16"
 
 
 def build(out: Path, pair: str) -> dict[str, str]:
-    """The random pair, saved as Hugging Face model directories (once)."""
+    """The random pair, saved as Hugging Face model directories (once, in DTYPE)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     dirs = {}
@@ -58,7 +61,7 @@ def build(out: Path, pair: str) -> dict[str, str]:
             torch.manual_seed(0)
             config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=4096, tie_word_embeddings=False,
                                  eos_token_id=2, bos_token_id=1, pad_token_id=0, **shape)
-            LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+            LlamaForCausalLM(config).to(getattr(torch, DTYPE)).save_pretrained(path)
         dirs[name] = str(path)
     return dirs
 
@@ -103,7 +106,7 @@ class Engine:
         from tandem.services.runtime import ModelRuntime, Step
 
         self.Step = Step
-        self.runtime = ModelRuntime(model_dir, device=DEVICE, dtype="bfloat16", max_cache_bytes=40 << 30)
+        self.runtime = ModelRuntime(model_dir, device=DEVICE, dtype=DTYPE, max_cache_bytes=40 << 30)
         try:
             from tandem.services import sampler
         except ImportError:
@@ -177,7 +180,7 @@ def measure_hf(target_dir: str, counts: list[int]) -> list[dict]:
     """Hugging Face's generate on the target alone, greedy, a batch of n equal-length prompts."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).to(DEVICE).eval()
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=getattr(torch, DTYPE)).to(DEVICE).eval()
     rows = []
     for n in counts:
         prompts = torch.randint(3, VOCAB, (n, CONTEXT), device=DEVICE)
@@ -190,6 +193,20 @@ def measure_hf(target_dir: str, counts: list[int]) -> list[dict]:
     return rows
 
 
+def configure(args: argparse.Namespace) -> None:
+    """The run's device, dtype and sizes (module-wide); --smoke's are the smallest, on the CPU."""
+    global DEVICE, DTYPE, CONTEXT, DECODE, VOCAB
+    if args.smoke:
+        args.device, args.dtype, args.small, args.sessions, args.repeats = "cpu", "float32", True, "1,2", 1
+        args.models, args.baseline = str(Path(args.out) / "models"), args.baseline or "HEAD"
+        CONTEXT, DECODE, VOCAB = 32, 8, 4096
+        torch.set_num_threads(1)  # a small shared machine: one thread per process is the fastest here
+        if not args.engine_only:
+            print("smoke: on the CPU in float32; CUDA kernel launches are not profiled (no GPU in this check):"
+                  " the kernel columns count aten operators", flush=True)
+    DEVICE, DTYPE = args.device, args.dtype
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
@@ -197,18 +214,21 @@ def main() -> None:
     parser.add_argument("--sessions", default="1,8,32,64")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="the pair's and the engines' dtype")
     parser.add_argument("--small", action="store_true", help="a tiny pair: checks the script, measures nothing")
+    parser.add_argument("--smoke", action="store_true", help="the tiny pair on the CPU, at the smallest sizes")
     baseline.add_arguments(parser)
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    configure(args)
     counts = [int(n) for n in args.sessions.split(",")]
     pair = "small" if args.small else "1b"
     dirs = build(Path(args.models), pair)
     results = baseline.compare(args, lambda: measure_engine(dirs, counts, args.repeats))
     if results:
         results |= {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "pair": pair,
-                    "torch": torch.__version__, "hf_generate": measure_hf(dirs["target"], counts)}
+                    "dtype": DTYPE, "context": CONTEXT, "decode": DECODE, "torch": torch.__version__,
+                    "hf_generate": measure_hf(dirs["target"], counts)}
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "gpu_engine.json").write_text(json.dumps(results, indent=1))
@@ -222,8 +242,8 @@ def write_table(results: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     engines = [e for e in ("before", "batched") if e in results]
-    lines = [f"{results['device']}, torch {results['torch']}, bf16, random pair {results['pair']}, "
-             f"{CONTEXT}-token contexts", "",
+    lines = [f"{results['device']}, torch {results['torch']}, {results['dtype']}, random pair {results['pair']}, "
+             f"{results['context']}-token contexts", "",
              "| sessions | engine | verify kernels | verify ms | draft kernels | draft ms | decode tokens/s |",
              "|---|---|---|---|---|---|---|"]
     for i, n in enumerate(r["sessions"] for r in results["batched"]):

@@ -1,11 +1,12 @@
 """Write benchmarks/prompts/repetition.jsonl: a repetition-heavy workload built from the held-out
 code, where the prompt contains most of its answer ("rewrite this code with X renamed").
 
-    .venv/bin/python benchmarks/make_repetition_prompts.py
+    .venv/bin/python benchmarks/make_repetition_prompts.py [--source FILE] [--out FILE_OR_DIR] [--smoke]
 
 Each prompt is a held-out snippet, a comment asking for it again with its most frequent
 identifier renamed, and the first third of the rewritten snippet: a model that copies continues
 with the rest of it, which an n-gram lookup in the context can propose. The file is committed.
+`--smoke` writes the first 2 snippets' prompts to repetition.jsonl in the folder --out names.
 """
 
 import argparse
@@ -15,7 +16,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from make_prompts import destination  # beside this script in benchmarks/
+
 HERE = Path(__file__).resolve().parent / "prompts"
+OUT = HERE / "repetition.jsonl"
 IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{2,}\b")
 
 
@@ -30,12 +34,17 @@ def rewrite_prompt(code: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", type=Path, default=HERE / "heldout.jsonl")
-    parser.add_argument("--out", type=Path, default=HERE / "repetition.jsonl")
+    parser.add_argument("--out", type=Path, help=f"the file to write, or a folder for {OUT.name} (default: {OUT})")
+    parser.add_argument("--smoke", action="store_true", help="the first 2 snippets, to the folder --out names")
     args = parser.parse_args()
+    if args.smoke and args.out is None:  # a smoke run writes nothing over the committed prompts
+        parser.error("--smoke writes only to a folder given with --out")
     rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
+    rows = rows[:2] if args.smoke else rows
     out = [{"source": r.get("source", ""), "prompt": rewrite_prompt(r["prompt"])} for r in rows]
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in out))
-    print(f"wrote {len(out)} prompts to {args.out}")
+    path = destination(args.out or OUT, OUT.name)
+    path.write_text("".join(json.dumps(r) + "\n" for r in out))
+    print(f"wrote {len(out)} prompts to {path}")
 
 
 if __name__ == "__main__":

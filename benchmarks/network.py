@@ -6,6 +6,7 @@ capacity simulator's predictions against those measurements.
     .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-8,auto] [--repeats 3]
     .venv/bin/python benchmarks/network.py calibrate             # after a sweep
     .venv/bin/python benchmarks/network.py runahead [--guesses 0,1,3]   # drafting ahead for several outcomes
+    .venv/bin/python benchmarks/network.py --smoke --out DIR     # sweep, calibrate, runahead at a tiny size
 
 The test bed (tandem.bench.testbed, tandem.bench.network) puts the orchestrator, the draft worker
 and the target verifier each in a network namespace of its own, on its own address, and runs
@@ -19,15 +20,18 @@ is its median run, and it times both models' passes before and after its points.
 bed's processes sharing the host's cores, from costs measured apart from it (`_costs`). `runahead`
 measures a lone session's tokens/s against the delay with drafting ahead off (0) and for 1 or more
 guesses of the bonus token (`tandem orchestrator --ahead-guesses`), one cluster per setting and
-round, the settings in a new order each round.
+round, the settings in a new order each round. `--smoke` runs sweep, calibrate on that sweep and
+runahead at a tiny size (SMOKE), everything under --out: the code path, not numbers to read.
 
-Writes results/network/sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png}.
+Writes sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png} to --out (sweep,
+calibrate and runahead take it; default results/network).
 """
 
 import argparse
 import json
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -99,11 +103,11 @@ def sweep(args) -> None:
     points = [(d, w, n) for d in delays for w in args.workloads.split(",") for n in levels]
     rng = random.Random(args.seed)
     rows = []
-    OUT.mkdir(parents=True, exist_ok=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     # The passes timed on this machine as it is now, the bed idle: calibrate's costs. Timed again
     # after the points, for the drift (a pass here can take 25 % more or less an hour later).
     prompt = round(sum(map(len, prompts)) / len(prompts))
-    timings = [time_passes(draft, target, prompt)]
+    timings = [time_passes(draft, target, prompt, args.pass_repetitions)]
     with NetworkCluster(draft, target, delay_ms=delays[0]) as cluster:
         concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 2, 0)  # warm-up
         start = time.time()
@@ -126,7 +130,7 @@ def sweep(args) -> None:
                   + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ {adaptive['mean_gamma'] or 0:.2f})"
                      if adaptive else ""), flush=True)
             write(rows, args, timings)
-        timings.append(time_passes(draft, target, prompt))
+        timings.append(time_passes(draft, target, prompt, args.pass_repetitions))
         write(rows, args, timings)
 
 
@@ -136,7 +140,7 @@ def runahead(args) -> None:
     settings = [int(g) for g in args.guesses.split(",")]
     delays = [float(d) for d in args.delays.split(",")]
     rng, rows, start = random.Random(args.seed), [], time.time()
-    OUT.mkdir(parents=True, exist_ok=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     for repeat in range(args.repeats):
         for guesses in rng.sample(settings, len(settings)):
             flags = ["--no-draft-ahead"] if guesses == 0 else ["--ahead-guesses", str(guesses)]
@@ -167,7 +171,8 @@ def _runahead_medians(rows: list[dict]) -> dict[tuple, dict]:
 
 
 def write_runahead(rows: list[dict], args) -> None:
-    (OUT / "runahead.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "rows": rows}, indent=1))
+    out = Path(args.out)
+    (out / "runahead.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "rows": rows}, indent=1))
     medians = _runahead_medians(rows)
     settings = sorted({k[3] for k in medians})
     more = [g for g in settings if g > 1]
@@ -181,11 +186,11 @@ def write_runahead(rows: list[dict], args) -> None:
                            if g and r and r["drafted_ahead_share"] is not None)
         lines.append(f"| {delay:g} | {workload} | {mode} | " + " | ".join(f"{speed[g]:.1f}" for g in settings) + " | "
                      + "".join(f"{speed[g] / speed.get(1, float('nan')):.2f} | " for g in more) + f"{shares} |")
-    (OUT / "runahead.md").write_text("\n".join(lines) + "\n")
-    plot_runahead(medians, settings)
+    (out / "runahead.md").write_text("\n".join(lines) + "\n")
+    plot_runahead(medians, settings, out / "runahead.png")
 
 
-def plot_runahead(medians: dict[tuple, dict], settings: list[int]) -> None:
+def plot_runahead(medians: dict[tuple, dict], settings: list[int], path: Path) -> None:
     panels = sorted({(k[1], k[2]) for k in medians})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (workload, mode) in zip(axes[0], panels):
@@ -201,15 +206,20 @@ def plot_runahead(medians: dict[tuple, dict], settings: list[int]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "runahead.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def calibrate(args) -> None:
     """The simulator (tandem.capacity) against the sweep: every fixed-γ point predicted from costs
     measured apart from it (`_costs`), and the prediction's ratio to what the point measured."""
-    sweep = json.loads(Path(args.sweep).read_text())
+    path = Path(args.sweep or Path(args.out) / "sweep.json")
+    if not path.is_file():
+        raise SystemExit(f"calibrate: no sweep at {path} (run `network.py sweep` first, or name one with --sweep)")
+    sweep = json.loads(path.read_text())
     rows = _median_rows(sweep["rows"])
+    if lack := _lacks(rows):
+        raise SystemExit(f"calibrate: the sweep at {path} lacks what the costs are measured from: {lack}")
     draft, target = default_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompts = [len(tokenizer.encode(json.loads(line)["prompt"])) for line in open(HELDOUT_PROMPTS)]
@@ -240,6 +250,25 @@ def calibrate(args) -> None:
     plot_calibration(out, where / "calibration.png")
 
 
+def _lacks(rows: list[dict]) -> str | None:
+    """What `_costs` needs from a sweep and it lacks, or None: per workload, lone runs (1 in
+    flight) of γ = 0 at delay 0 and at every delay it predicts, of two fixed γ ≥ 1 or more (the
+    draft calls' time against γ), and of every fixed γ it predicts (its acceptance)."""
+    for workload in sorted({r["workload"] for r in rows}):
+        fixed = [r for r in rows if r["workload"] == workload and r["mode"] != "adaptive"]
+        alone = [r for r in fixed if r["in_flight"] == 1]
+        zero = {r["delay_ms"] for r in alone if r["mode"] == cluster_mode(0)}
+        delays = {0.0} | {r["delay_ms"] for r in fixed}
+        if not delays <= zero:
+            return f"{workload}: γ = 0 alone (1 in flight) at delays {sorted(delays)} ms; it has {sorted(zero)}"
+        gammas = {_gamma_of(r["mode"]) for r in alone} - {0}
+        if len(gammas) < 2:
+            return f"{workload}: two fixed γ ≥ 1 or more alone (1 in flight); it has {sorted(gammas)}"
+        if missing := {_gamma_of(r["mode"]) for r in fixed} - gammas - {0}:
+            return f"{workload}: γ {sorted(missing)} alone (1 in flight)"
+    return None
+
+
 def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
     """The pass timings calibrate uses: --passes FILE's, else the sweep's own (the mean of its
     timings before and after its points), else timed now. JSON keeps the sizes as strings."""
@@ -253,8 +282,9 @@ def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
             for model in ("draft", "target")}
 
 
-def time_passes(draft: str, target: str, prompt: int) -> dict:
-    return {"draft": pass_ms(Path(draft), PASS_TOKENS), "target": pass_ms(Path(target), PASS_TOKENS + (prompt,))}
+def time_passes(draft: str, target: str, prompt: int, repetitions: int = 15) -> dict:
+    return {"draft": pass_ms(Path(draft), PASS_TOKENS, repetitions),
+            "target": pass_ms(Path(target), PASS_TOKENS + (prompt,), repetitions)}
 
 
 # Pass sizes calibrate measures: a lone session's steps and blocks, and 8 sessions' passes.
@@ -384,7 +414,8 @@ def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
 
 
 def write(rows: list[dict], args, timings: list[dict]) -> None:
-    (OUT / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "host_cores": os.cpu_count(),
+    out = Path(args.out)
+    (out / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "host_cores": os.cpu_count(),
                                                 "pass_ms": timings, "rows": rows}, indent=1))
     lines = ["| delay (ms) | workload | in flight | best fixed γ | its tokens/s | adaptive tokens/s | adaptive / best "
              "| adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -395,11 +426,11 @@ def write(rows: list[dict], args, timings: list[dict]) -> None:
                      f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | "
                      f"{(adaptive or {}).get('mean_gamma') or 0:.2f} | "
                      f"{zero['aggregate_tokens_per_s'] if zero else float('nan'):.1f} |")
-    (OUT / "sweep.md").write_text("\n".join(lines) + "\n")
-    plot(rows)
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    plot(rows, out / "sweep.png")
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     panels = sorted({(r["workload"], r["in_flight"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (workload, in_flight) in zip(axes[0], panels):
@@ -415,13 +446,50 @@ def plot(rows: list[dict]) -> None:
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(OUT / "sweep.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# The smoke run (--smoke): every subcommand that measures, at a tiny size, into --out. The sweep
+# has what calibrate's costs need (γ = 0 and two fixed γ ≥ 1, alone, at delay 0), and one delay
+# through the proxies beside it.
+SMOKE = (["sweep", "--delays", "0,1", "--gammas", "0-2,auto", "--workloads", "greedy", "--in-flight", "1",
+          "--sessions", "2", "--max-tokens", "8", "--repeats", "1", "--pass-repetitions", "2"],
+         ["calibrate"],
+         ["runahead", "--guesses", "0,2", "--delays", "1", "--workloads", "greedy", "--sessions", "1",
+          "--max-tokens", "8", "--repeats", "1"])
+
+
+def smoke(parser: argparse.ArgumentParser, out: str) -> None:
+    """SMOKE's subcommands in turn, each with --out `out`."""
+    for argv in SMOKE:
+        args = _subcommand(parser.parse_args([*argv, "--out", out]))
+        print(f"smoke: network.py {' '.join(argv)} --out {out}", flush=True)
+        args.func(args)
+
+
+def _subcommand(args: argparse.Namespace) -> argparse.Namespace:
+    """A subcommand's arguments: its --out (else the one before it, else OUT), without the
+    top-level options (sweep.json keeps its subcommand's arguments)."""
+    args.out = getattr(args, "out", None) or args.top_out or str(OUT)
+    del args.top_out, args.smoke
+    return args
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C (SystemExit), so that the `with` blocks take the test bed's
+    namespaces, proxies and processes down with this process."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(required=True)
+    parser.add_argument("--smoke", action="store_true", help="sweep, calibrate and runahead at a tiny size, into "
+                                                             "--out (no subcommand)")
+    # A destination of its own: a subcommand's defaults would overwrite a shared one.
+    parser.add_argument("--out", dest="top_out", metavar="DIR",
+                        help=f"where results go (or a subcommand's --out); default {OUT}")
+    sub = parser.add_subparsers()
     p_up = sub.add_parser("up", help="a cluster on the test bed until Ctrl-D")
     p_up.add_argument("--delay-ms", type=float, default=5.0)
     p_up.add_argument("--jitter-ms", type=float, default=0.0)
@@ -438,7 +506,10 @@ def main() -> None:
                          help="sessions per point (at least twice as many as in flight)")
     p_sweep.add_argument("--max-tokens", type=int, default=64)
     p_sweep.add_argument("--repeats", type=int, default=3, help="runs of each mode per point (the median is kept)")
+    p_sweep.add_argument("--pass-repetitions", type=int, default=15,
+                         help="timings of each pass size, before and after the points (the median is kept)")
     p_sweep.add_argument("--seed", type=int, default=0)
+    p_sweep.add_argument("--out", help="where sweep.{json,md,png} go")
     p_sweep.set_defaults(func=sweep)
     p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead for 0 "
                                                "(off), 1 or more guesses of the bonus token")
@@ -450,10 +521,11 @@ def main() -> None:
     p_ahead.add_argument("--max-tokens", type=int, default=64)
     p_ahead.add_argument("--repeats", type=int, default=3, help="rounds over the settings (the median is kept)")
     p_ahead.add_argument("--seed", type=int, default=0)
+    p_ahead.add_argument("--out", help="where runahead.{json,md,png} go")
     p_ahead.set_defaults(func=runahead)
     p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
-    p_cal.add_argument("--sweep", default=str(OUT / "sweep.json"), help="a sweep's results (JSON)")
-    p_cal.add_argument("--out", default=str(OUT), help="where calibration.{json,md,png} go")
+    p_cal.add_argument("--sweep", help="a sweep's results (JSON; default: --out's sweep.json)")
+    p_cal.add_argument("--out", help="where calibration.{json,md,png} go")
     p_cal.add_argument("--passes", help="the pass timings of this calibration.json (default: the sweep's own, "
                                         "or timed now for a sweep without them)")
     p_cal.add_argument("--host-cores", type=int, help="the cores the test bed's processes shared (default: the "
@@ -461,9 +533,18 @@ def main() -> None:
     p_cal.add_argument("--seed", type=int, default=0)
     p_cal.set_defaults(func=calibrate)
     args = parser.parse_args()
-    if args.func is not calibrate and (reason := unavailable()):
+    func = getattr(args, "func", None)
+    if args.smoke and (func or not args.top_out):
+        parser.error("--smoke takes --out DIR and no subcommand (it runs sweep, calibrate and runahead itself)")
+    if not args.smoke and not func:
+        parser.error("a subcommand (up, sweep, calibrate, runahead), or --smoke --out DIR")
+    if func is not calibrate and (reason := unavailable()):
         raise SystemExit(f"benchmarks/network.py: the test bed cannot run here: {reason}")
-    args.func(args)
+    _stop_on_sigterm()
+    if args.smoke:
+        smoke(parser, args.top_out)
+        return
+    func(_subcommand(args))
 
 
 if __name__ == "__main__":

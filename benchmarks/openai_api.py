@@ -24,7 +24,14 @@ Own load: tokens/s = output tokens over the level's wall time; TPOT = (latency �
 Reproduce (about 10 minutes on the 2-core VM; vLLM's venv .venv-vllm is made when missing):
 
     .venv/bin/python benchmarks/openai_api.py [--levels 1,8,32] [--max-tokens 64]
-        [--num-prompts N (default max(2 × level, 8))] [--skip-vllm] [--out benchmarks/results/openai_api]
+        [--num-prompts N (default max(2 × level, 8))] [--skip-vllm] [--skip-bench-serve]
+        [--out benchmarks/results/openai_api] [--smoke]
+
+--skip-vllm and --skip-bench-serve together need no .venv-vllm. --smoke: tandem's gRPC and HTTP
+paths under the own load at a tiny size (2 requests at 2 in flight, 8 tokens; flags given
+explicitly still win), on a Ray of its own, results only to --out (a new temporary directory
+when none is given); vLLM's server and `vllm bench serve` are left out (they live in
+.venv-vllm, which smoke mode never builds).
 """
 
 import argparse
@@ -33,6 +40,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -44,7 +52,7 @@ from tandem.bench import summary
 from tandem.bench.runs import Run, concurrent_runs
 from tandem.bench.vllm import VllmServer, preload_libraries
 from tandem.ports import free_port
-from vllm_peer import (CLIENT, ROOT, VENV, ensure_vllm_venv, loadavg, machine, measure_level, say,
+from vllm_peer import (CLIENT, ROOT, VENV, ensure_vllm_venv, loadavg, machine, measure_level, own_ray, say,
                        tandem_processes, vllm_version)
 
 INPUT_LEN = 64
@@ -58,6 +66,8 @@ BENCH_KEYS = ("duration", "completed", "failed", "total_input_tokens", "total_ou
               "request_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
               "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
               "spec_decode_acceptance_rate", "spec_decode_acceptance_length")
+# --smoke's sizes (parse_args' defaults under --smoke; a flag given explicitly wins).
+SMOKE = {"levels": "2", "num_prompts": 2, "max_tokens": 8, "skip_vllm": True, "skip_bench_serve": True}
 LABELS = {"tandem_grpc": "tandem gRPC (own load)", "tandem_http": "tandem HTTP (own load, same prompts)",
           "tandem_http_bench": "tandem HTTP (vllm bench serve)", "vllm_bench": "vLLM target alone (vllm bench serve)",
           "vllm_own": "vLLM target alone (own load)"}
@@ -112,9 +122,9 @@ async def stream_http(session: aiohttp.ClientSession, v1: str, model: str, promp
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(f"the stream broke: {chunk['error']}")
-            index = chunk.get("resume_index")
-            if chunk.get("choices") and (chunk["choices"][0].get("text") or index):
-                size = index - delivered if index is not None else 1
+            resume = chunk.get("resume_index")
+            if chunk.get("choices") and (chunk["choices"][0].get("text") or resume):
+                size = resume - delivered if resume is not None else 1
                 if size > 0:
                     arrivals.append(time.perf_counter() - sent)
                     sizes.append(size)
@@ -252,10 +262,12 @@ def start_cluster(args):
 
 
 def run_tandem(prompts: list[list[int]], warm: list[list[int]], args) -> dict[str, dict]:
-    """tandem's cluster: at each level, gRPC and HTTP under the same own load, then vllm bench serve."""
+    """tandem's cluster: at each level, gRPC and HTTP under the same own load, then vllm bench serve
+    (unless --skip-bench-serve)."""
     say(f"tandem: starting the local cluster (load {loadavg()})")
     started = time.perf_counter()
-    results: dict[str, dict] = {"tandem_grpc": {}, "tandem_http": {}, "tandem_http_bench": {}}
+    names = ["tandem_grpc", "tandem_http", *([] if args.skip_bench_serve else ["tandem_http_bench"])]
+    results: dict[str, dict] = {name: {} for name in names}
     with start_cluster(args) as cluster:
         v1 = cluster.openai_base_url
         root = v1.removesuffix("/v1")
@@ -276,8 +288,9 @@ def run_tandem(prompts: list[list[int]], warm: list[list[int]], args) -> dict[st
             results["tandem_http"][level] = report("tandem_http", level, own_row(
                 lambda p, lv: http_level(v1, model, p, lv, args.max_tokens, args.seed), processes, sessions, level,
                 args.max_tokens))
-            results["tandem_http_bench"][level] = report("tandem_http_bench", level,
-                                                         bench_serve(root, model, level, args, "tandem"))
+            if not args.skip_bench_serve:
+                results["tandem_http_bench"][level] = report("tandem_http_bench", level,
+                                                             bench_serve(root, model, level, args, "tandem"))
     return results
 
 
@@ -392,12 +405,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=0, help="requests per level (default: max(2 × level, 8))")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
     p.add_argument("--skip-vllm", action="store_true", help="tandem alone")
+    p.add_argument("--skip-bench-serve", action="store_true",
+                   help="no `vllm bench serve` against tandem (with --skip-vllm: no .venv-vllm needed)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per tandem worker (tandem bench's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", default=str(ROOT / "models" / "target"))
     p.add_argument("--draft", default=str(ROOT / "models" / "draft"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "openai_api"))
+    p.add_argument("--out", default=None, help="default: benchmarks/results/openai_api (with --smoke: a new "
+                                                "temporary directory)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tandem's gRPC and HTTP paths at a tiny size, on a Ray of its own; no vLLM")
+    if p.parse_known_args(argv)[0].smoke:
+        p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
+    args.out = args.out or (tempfile.mkdtemp(prefix="openai_api-smoke-") if args.smoke
+                            else str(ROOT / "benchmarks" / "results" / "openai_api"))
     args.levels = [int(v) for v in args.levels.split(",")]
     return args
 
@@ -406,7 +428,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ensure_vllm_venv()  # vllm bench serve lives there, even with --skip-vllm
+    if args.smoke:
+        own_ray()
+        say("smoke: skipping vLLM's server and `vllm bench serve` (against vLLM and tandem's HTTP API): they "
+            f"live in {VENV.name}, which smoke mode never builds")
+    if not (args.skip_vllm and args.skip_bench_serve):
+        ensure_vllm_venv()  # vllm bench serve lives there, even with --skip-vllm
     prompts = random_prompts(args.target, max(num_prompts(args, lv) for lv in args.levels), args.seed)
     warm = random_prompts(args.target, 4, args.seed + 1)  # not the measured ones
     say(f"levels {args.levels}, {INPUT_LEN}-token prompts, {args.max_tokens} output tokens, "
@@ -423,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     (out / "results.md").write_text(markdown(results))
     plot(results, out / "openai_api.png")
     print((out / "results.md").read_text())
-    say(f"results in {out}/: results.json, results.md, openai_api.png, bench_serve/ "
+    bench_dir = "" if args.skip_vllm and args.skip_bench_serve else ", bench_serve/"
+    say(f"results in {out}/: results.json, results.md, openai_api.png{bench_dir} "
         f"({(time.time() - started) / 60:.1f} min)")
 
 

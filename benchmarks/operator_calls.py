@@ -17,9 +17,11 @@ internal calls, such as a CPU matrix product's per-batch slices, are not counted
 of a round is its thread's. With `--baseline COMMIT` (benchmarks/baseline.py) a second process
 runs the engine of that commit; the two take turns round by round on the same rounds, so that
 each ratio pairs rounds run side by side on the machine's drift. Writes
-results/operator_calls.{json,md,png}.
+operator_calls.{json,md,png} to --out (results/). `--smoke` runs it all at a tiny size (1 and 2
+sessions, one timed round), against the checkout's HEAD unless --baseline names another.
 
     .venv/bin/python benchmarks/operator_calls.py [--sessions 1,3,8,32,64] [--rounds 16] [--baseline COMMIT]
+        [--out DIR] [--smoke]
 """
 
 import argparse
@@ -139,17 +141,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16, help="timed rounds per engine and point")
     parser.add_argument("--baseline", help="a commit (or its package directory) whose engine runs the same rounds")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a round server
+    parser.add_argument("--out", type=Path,
+                        help="the folder for operator_calls.{json,md,png} (default: benchmarks/results)")
+    parser.add_argument("--smoke", action="store_true", help="the whole run at a tiny size, against HEAD by default")
     args = parser.parse_args()
+    if args.smoke and args.out is None:  # a smoke run writes nothing over the measured results
+        parser.error("--smoke writes only to a folder given with --out")
+    args.out = args.out or OUT
+    if args.smoke:
+        args.sessions, args.rounds, args.baseline = "1,2", 1, args.baseline or "HEAD"
     if args.serve:
         serve()
         return
     counts = [int(n) for n in args.sessions.split(",")]
     rows, engines = baseline.side_by_side(__file__, args.baseline, lambda e: measure(e, counts, args.rounds))
-    baseline.save(OUT, "operator_calls", args.baseline, rows)
-    write_table(rows, engines)
+    baseline.save(args.out, "operator_calls", args.baseline, rows)
+    write_table(rows, engines, args.out)
 
 
-def write_table(rows: list[dict], engines: list[str]) -> None:
+def write_table(rows: list[dict], engines: list[str], out: Path) -> None:
     plt = baseline.pyplot()
     shown = baseline.shown(engines)
     lines = ["| worker | workload | sessions | " + " | ".join(f"{e}: operator calls" for e in shown) + " | "
@@ -161,7 +171,7 @@ def write_table(rows: list[dict], engines: list[str]) -> None:
                      + " | ".join(str(r[e]["operator_calls"]) for e in shown) + " | "
                      + " | ".join(f"{r[e]['cpu_ms']:.2f}" for e in shown)
                      + (f" | {r['paired_ratio']:.2f} |" if "before" in shown else " |"))
-    (OUT / "operator_calls.md").write_text("\n".join(lines) + "\n")
+    (out / "operator_calls.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     for ax, kind in zip(axes, ("target", "draft")):
@@ -174,7 +184,7 @@ def write_table(rows: list[dict], engines: list[str]) -> None:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(OUT / "operator_calls.png", dpi=120)
+    fig.savefig(out / "operator_calls.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,24 @@
 level of sessions in flight, read from the target worker's Prometheus histograms
 (`tandem:worker_batch_sessions`, `tandem:worker_batch_tokens`; prefills included) before and
 after each level. A local cluster as `vllm_peer.py` starts it (the shipped pair, the held-out
-prompts, greedy, 96 tokens), γ = 0 and adaptive. Writes results/pass_fill/{pass_fill.json,
-pass_fill.md, pass_fill.png}.
+prompts, greedy, 96 tokens), γ = 0 and adaptive. Writes {pass_fill.json, pass_fill.md,
+pass_fill.png} to --out (default results/pass_fill/).
 
-    .venv/bin/python benchmarks/pass_fill.py [--levels 8,32,64] [--drafter hybrid]    # ~2 min
+    .venv/bin/python benchmarks/pass_fill.py [--levels 8,32,64] [--drafter hybrid] [--out DIR] [--smoke]   # ~2 min
+
+--smoke: the whole path at a tiny size (2 prompts, 2 sessions at 2 in flight, 8 tokens; flags
+given explicitly still win), on a Ray of its own, results only to --out (a new temporary
+directory when none is given).
 """
 
 import argparse
 import json
 import re
+import tempfile
 import urllib.request
 from pathlib import Path
 
-from vllm_peer import ROOT, load_prompt_ids, say, sessions_at
+from vllm_peer import ROOT, load_prompt_ids, own_ray, say, sessions_at
 
 from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.local import LocalCluster
@@ -38,8 +43,13 @@ def fill(port: int, run) -> dict:
                                  for name in ("sessions", "tokens")}
 
 
+# --smoke's sizes (main's defaults under --smoke; a flag given explicitly wins).
+SMOKE = {"levels": [2], "sessions": 2, "max_tokens": 8, "limit": 2}
+
+
 def measure(args) -> dict:
-    prompts = load_prompt_ids(args.target, 64)
+    """γ = 0, then adaptive, at each level: {mode: {level: passes, sessions and tokens per pass}}."""
+    prompts = load_prompt_ids(args.target, args.limit)
     cluster = LocalCluster(args.draft, args.target, free_port(), threads=1, max_gamma=8, echo=False,
                            metrics_port=free_port(), metrics_fallback=True,
                            options={"max_sessions": max(64, *args.levels)}, drafter=args.drafter)
@@ -50,7 +60,7 @@ def measure(args) -> dict:
         for gamma in (0, None):
             mode = cluster_mode(gamma)
             for level in args.levels:
-                sessions = sessions_at(prompts, level, 16)
+                sessions = sessions_at(prompts, level, args.sessions)
                 results.setdefault(mode, {})[level] = row = fill(port, lambda: concurrent_runs(
                     cluster.address, mode, "greedy", sessions, args.max_tokens, level, 0))
                 say(f"{mode} at {level} in flight: {row['sessions_per_pass']:.1f} sessions, "
@@ -84,15 +94,25 @@ def write(results: dict, out: Path) -> None:
     fig.savefig(out / "pass_fill.png", dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--levels", default="8,32,64", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--sessions", type=int, default=16, help="sessions per level: max(this, level)")
+    p.add_argument("--limit", type=int, default=64, help="held-out prompts used")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--drafter", default="hybrid", choices=("hybrid", "model", "ngram"))
     p.add_argument("--target", default=str(ROOT / "models" / "target"))
     p.add_argument("--draft", default=str(ROOT / "models" / "draft"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pass_fill"))
-    args = p.parse_args()
+    p.add_argument("--out", default=None, help="default: benchmarks/results/pass_fill (with --smoke: a new "
+                                                "temporary directory)")
+    p.add_argument("--smoke", action="store_true", help="the whole path at a tiny size, on a Ray of its own")
+    if p.parse_known_args(argv)[0].smoke:
+        p.set_defaults(**SMOKE)
+    args = p.parse_args(argv)
+    args.out = args.out or (tempfile.mkdtemp(prefix="pass_fill-smoke-") if args.smoke
+                            else str(ROOT / "benchmarks" / "results" / "pass_fill"))
+    if args.smoke:
+        own_ray()
     write(measure(args), Path(args.out))
     say(f"results in {args.out}")
 

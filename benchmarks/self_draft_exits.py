@@ -7,9 +7,10 @@ are scored against the full target's: greedy agreement (α at T = 0), T = 1 acce
 E[Σ min(draft_probs, target_probs)], and the analytic speedup at the best γ ≤ 8 with the cost
 ratio K / L (a K-layer step against an L-layer one, the head's share ignored: an upper bound).
 
-    .venv/bin/python benchmarks/self_draft_exits.py [--target models/target] [--limit 48]
+    .venv/bin/python benchmarks/self_draft_exits.py [--target models/target] [--limit 48] [--out DIR] [--smoke]
 
-Writes benchmarks/results/self_draft/exits.json, exits.md and exits.png.
+Writes exits.json, exits.md and exits.png to --out (benchmarks/results/self_draft/). `--smoke`
+runs it all at a tiny size: 2 prompts, 8 tokens each.
 """
 
 import argparse
@@ -53,7 +54,15 @@ def main() -> None:
     parser.add_argument("--prompts", default=str(ROOT / "benchmarks" / "prompts" / "heldout.jsonl"))
     parser.add_argument("--limit", type=int, default=48)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path,
+                        help="the folder for exits.{json,md,png} (default: benchmarks/results/self_draft)")
+    parser.add_argument("--smoke", action="store_true", help="the whole run at a tiny size")
     args = parser.parse_args()
+    if args.smoke and args.out is None:  # a smoke run writes nothing over the measured results
+        parser.error("--smoke writes only to a folder given with --out")
+    args.out = args.out or OUT
+    if args.smoke:
+        args.limit, args.max_new_tokens = 2, 8
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(args.target).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -74,13 +83,14 @@ def main() -> None:
                      "best_gamma_greedy": best_gamma(greedy, ratio, 8),
                      "speedup_greedy": analytic_speedup(greedy, best_gamma(greedy, ratio, 8), ratio),
                      "speedup_t1": analytic_speedup(sampled, best_gamma(sampled, ratio, 8), ratio)})
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "exits.json").write_text(json.dumps({"target": args.target, "prompts": args.limit, "rows": rows}, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "exits.json").write_text(json.dumps({"target": args.target, "prompts": args.limit, "rows": rows},
+                                                    indent=2))
     lines = ["| exit layer K | greedy agreement | T=1 acceptance | cost ratio K/L | analytic speedup, greedy | T=1 |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['exit_layer']} | {r['greedy_agreement']:.2f} | {r['t1_acceptance']:.2f} | {r['cost_ratio']:.2f} | "
               f"{r['speedup_greedy']:.2f}× (γ={r['best_gamma_greedy']}) | {r['speedup_t1']:.2f}× |" for r in rows]
-    (OUT / "exits.md").write_text("\n".join(lines) + "\n")
+    (args.out / "exits.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ks = [r["exit_layer"] for r in rows]
@@ -92,7 +102,7 @@ def main() -> None:
     ax.set_title("Self-drafting without early-exit training")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "exits.png", dpi=120)
+    fig.savefig(args.out / "exits.png", dpi=120)
 
 
 if __name__ == "__main__":

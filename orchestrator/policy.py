@@ -39,10 +39,10 @@ charges the session its share of a pass: intercept / (sessions in the pass) + sl
 tokens). Summed over the sessions of a pass the shares are the pass, so a session that
 maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense:
 
-    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call  (γ > 0; times the
-               chance that the block was not drafted ahead, alone)
-    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call
-    overhead = orchestrator CPU + latency / verify sessions
+    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call(γ)  (γ > 0; times
+               the chance that the block was not drafted ahead, alone)
+    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call(γ)
+    overhead = orchestrator CPU(γ) + latency(γ) / verify sessions
 
 Alone (one session per pass) this is the session's own speed. With many sessions the
 intercepts are shared and only the per-token slopes stay whole: drafting pays when the draft's
@@ -63,6 +63,12 @@ the loop or a core) uses nothing, but it is the session's own time: alone, a ses
 is E / its wall time, and γ rightly climbs to amortize it. It is charged like a pass's
 intercept, shared by the sessions of a verify pass: whole alone (the session's own speed), a
 small part when many sessions keep the cluster busy through it (its work: throughput).
+
+A call's costs besides the passes (its worker's CPU, the orchestrator's, its latency) are lines
+too, against γ: sampled, every drafted token brings its distribution (the
+vocabulary's probabilities) through the draft worker, the network, the orchestrator and the
+verifier. Learned as one number per call, they made long blocks look cheap at T = 1, and adaptive
+γ ran 1–2 tokens above the best fixed γ.
 
 Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries.
 So a replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's
@@ -123,18 +129,20 @@ class PoolCosts:
     """What a cycle's work costs the cluster, from the cycles of every session of a replica."""
 
     decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
-    # Exponentially weighted estimates; negative means not measured yet.
-    draft_call_ms: float = -1.0
-    verify_call_ms: float = -1.0
-    overhead_ms: float = -1.0
-    draft_overhead_ms: float = -1.0
-    draft_latency_ms: float = -1.0
-    latency_ms: float = -1.0
-    draft_sessions: float = -1.0  # sessions per draft pass
+    draft_sessions: float = -1.0  # sessions per draft pass (exponentially weighted; -1: not yet)
     verify_sessions: float = -1.0  # sessions per verify pass
     # Each worker's cost of one pass against the tokens it ran (every session's).
     draft_pass: LinearFit = field(default_factory=LinearFit)
     verify_pass: LinearFit = field(default_factory=LinearFit)
+    # A call's costs besides its passes, against the γ drafted tokens it carries. Sampled,
+    # every drafted token carries its distribution through both workers, the orchestrator and the
+    # network, so these grow with γ; charged per call, they made long blocks look cheap at T = 1.
+    draft_call: LinearFit = field(default_factory=LinearFit)  # the draft worker's CPU (handling_ms)
+    draft_overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU for it
+    draft_latency: LinearFit = field(default_factory=LinearFit)  # its wall time beyond work and CPU
+    verify_call: LinearFit = field(default_factory=LinearFit)
+    overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU per cycle, draft call aside
+    latency: LinearFit = field(default_factory=LinearFit)
 
     @property
     def measured(self) -> bool:
@@ -156,36 +164,38 @@ class PoolCosts:
 
     def cycles_ms(self, top: int, ahead: list[float] | None = None) -> list[float]:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
-        (the passes' lines read once a call, not once a γ: a policy asks for every γ each cycle).
+        (each line read once a call, not once a γ: a policy asks for every γ each cycle).
         ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
         share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
         slope = self.verify_pass.line()[1]  # each drafted token adds to the verify pass
-        verify = self.verify_ms(0) + self.verify_call_ms + self.overhead_ms + share * max(self.latency_ms, 0.0)
+        v0, v1 = _sum_lines((self.verify_call, 1.0), (self.overhead, 1.0), (self.latency, share))
+        verify = [self.verify_ms(0) + v0 + (slope + v1) * g for g in range(top + 1)]
         if not top:
-            return [verify]
+            return verify
         draft_token = self.draft_ms_per_token()
-        draft = self.draft_call_ms + max(self.draft_overhead_ms, 0.0) + share * max(self.draft_latency_ms, 0.0)
+        d0, d1 = _sum_lines((self.draft_call, 1.0), (self.draft_overhead, 1.0), (self.draft_latency, share))
         missed = [1.0 - ahead[g] for g in range(top + 1)] if ahead else [1.0] * (top + 1)
-        return [verify] + [missed[g] * (g * draft_token + draft) + verify + slope * g for g in range(1, top + 1)]
+        return [verify[0]] + [missed[g] * (g * (draft_token + d1) + d0) + verify[g] for g in range(1, top + 1)]
 
     def observe(self, c: CycleCosts) -> None:
         """Fold one cycle's costs into the estimates."""
+        d = self.decay
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
             self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
-            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, self.decay)
-            self.draft_call_ms = self._ewma(self.draft_call_ms, c.draft_call_ms)
-            self.draft_overhead_ms = self._ewma(self.draft_overhead_ms, c.draft_overhead_ms)
-            self.draft_latency_ms = self._ewma(self.draft_latency_ms, c.draft_latency_ms)
-        self.overhead_ms = self._ewma(self.overhead_ms, c.overhead_ms)
-        self.latency_ms = self._ewma(self.latency_ms, c.latency_ms)
+            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d)
+            self.draft_call.add(c.gamma, c.draft_call_ms, d)
+            self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d)
+            self.draft_latency.add(c.gamma, max(c.draft_latency_ms, 0.0), d)
+        self.overhead.add(c.gamma, c.overhead_ms, d)
+        self.latency.add(c.gamma, max(c.latency_ms, 0.0), d)
         if c.verify_fed > STEADY_VERIFY_FED:
             return
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
         self.verify_sessions = self._ewma(self.verify_sessions, passes.sessions / passes.passes)
-        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, self.decay)
-        self.verify_call_ms = self._ewma(self.verify_call_ms, c.verify_call_ms)
+        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, d)
+        self.verify_call.add(c.gamma, c.verify_call_ms, d)
 
     def _ewma(self, old: float, new: float) -> float:
         return new if old < 0 else self.decay * old + (1 - self.decay) * new
@@ -336,6 +346,16 @@ class GammaPolicy:
         the acceptance of `state` (a stored session's to_dict; unknown fields ignored) or none yet."""
         known = {k: v for k, v in (state or {}).items() if k in ACCEPTANCE}
         return replace(self, **(ACCEPTANCE | known))
+
+
+def _sum_lines(*weighted: tuple[LinearFit, float]) -> tuple[float, float]:
+    """Σ weight · line, as (intercept, slope); a line not measured yet counts nothing."""
+    intercept = slope = 0.0
+    for fit, weight in weighted:
+        if fit.n:
+            a, b = fit.line()
+            intercept, slope = intercept + weight * a, slope + weight * b
+    return intercept, slope
 
 
 def _passes(reported: Batching | None, passes: int, tokens: int) -> Batching:

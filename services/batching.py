@@ -23,7 +23,7 @@ which the worker owns.
 
 Batching changes which rows share a matrix product, nothing else: every job keeps its own
 cache, positions and random numbers, so the answers are those of the job run alone up to the
-floating-point rounding of a larger product (README: what is batch-invariant).
+floating-point rounding of a larger product (docs/exactness.md, "Batch invariance").
 """
 
 import concurrent.futures

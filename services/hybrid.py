@@ -8,7 +8,8 @@ tokens, the lowest point the list was cropped to since the model last ran. When 
 finds nothing, the model's first step feeds the list from there (the tokens committed, or
 drafted by lookup, since), then it drafts as the draft worker does. The lookup's drafts are
 one-hot, the model's are its distributions; each proposal is one or the other, chosen from the
-context alone, so verification stays exact either way (README: How it is exact, one-hot drafts).
+context alone, so verification stays exact either way (docs/exactness.md, "Token-level
+verification": one-hot drafts).
 """
 
 from dataclasses import dataclass, replace

@@ -7,8 +7,9 @@ It is a DraftWorker like the model's: the same service, the same cache_len contr
 committed tokens and a block's first γ−1 drafted ones, as the orchestrator assumes), so pools,
 failover and traces treat it like any draft worker. Its drafts are one-hot: probability 1 for
 the proposed token, sent as one-entry sparse distributions when the request samples; the
-verifier's residual is then the target with the drafted token removed, which is exact (see
-the README, How it is exact: one-hot drafts). It needs no GPU: a drafter for any CPU node.
+verifier's residual is then the target with the drafted token removed, which is exact
+(docs/exactness.md, "Token-level verification": one-hot drafts). It needs no GPU: a drafter for
+any CPU node.
 """
 
 from collections import OrderedDict

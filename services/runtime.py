@@ -12,6 +12,7 @@ and Hugging Face's own for every other model: a DynamicCache per session and a f
 session, one after another (correct, not batched).
 """
 
+import inspect
 import logging
 import threading
 import time
@@ -83,6 +84,12 @@ def eos_token_ids(config) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name the model's forward pass takes its KV cache by: `cache` in recent Transformers,
+    which drop the old `past_key_values` in 5.40; `past_key_values` in those before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFPass:
     """Any causal LM through Hugging Face's forward pass, with a DynamicCache per session."""
 
@@ -91,6 +98,7 @@ class HFPass:
 
     def __init__(self, model: torch.nn.Module, column_major: bool, max_cache_bytes: int = 2 << 30) -> None:
         self.model = model
+        self.cache_argument = cache_argument(model)
         if column_major:
             gemm_friendly_layout(model)
         c = model.config
@@ -140,8 +148,8 @@ class HFPass:
             bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
             tree = {"attention_mask": bias[None, None], "position_ids": torch.tensor([feed.positions()], device=device)}
         # logits_to_keep: a prefill needs no vocabulary projection of the prompt.
-        out = self.model(input_ids=input_ids, past_key_values=feed.cache, use_cache=True, logits_to_keep=feed.keep,
-                         **tree)
+        out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=feed.keep,
+                         **{self.cache_argument: feed.cache}, **tree)
         return out.logits[0]  # [keep, V]
 
     def keep_paths(self, paths: list[tuple[DynamicCache, int, list[int]]]) -> None:

@@ -1,11 +1,12 @@
 """tandem: speculative decoding as a cluster. Users import the clients from here.
 
-`pip install tandem` gives this SDK (grpcio and protobuf, nothing more); importing it loads
-neither torch nor Ray. Running a cluster needs `pip install 'tandem[server]'`.
+`pip install tandem` gives the SDK, `tandem.sdk` (grpcio and protobuf, nothing more); importing
+it loads neither torch nor Ray. Everything else in the package is the server side and needs
+`pip install 'tandem[server]'`.
 """
 
-from tandem.client import AsyncClient, Client, GenerationResult, GenerationStats, StreamChunk
-from tandem.errors import (
+from tandem.sdk.client import AsyncClient, Client, GenerationResult, GenerationStats, StreamChunk
+from tandem.sdk.errors import (
     AbortedError,
     DeadlineExceededError,
     FailedPreconditionError,

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the server extra's; imported where a command needs it
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_MODELS = PROJECT_ROOT / "models"
 HELDOUT_PROMPTS = PROJECT_ROOT / "benchmarks" / "prompts" / "heldout.jsonl"
-API_KEY_ENV = "TANDEM_API_KEY"  # as tandem.client reads it
+API_KEY_ENV = "TANDEM_API_KEY"  # as tandem.sdk.client reads it
 API_KEY_HELP = f"the ingress's bearer token (default: ${API_KEY_ENV}; none: open to anyone who reaches it)"
 
 # What each extra installs, by import name: a command that needs an extra checks them first.
@@ -160,7 +160,7 @@ def cmd_certs(args) -> None:
 
 DRAFTERS = ("hybrid", "model", "ngram", "head", "self")  # tandem.local.DRAFTERS, without importing it at start
 # The hybrid's shortest suffix: a one-token match is found almost everywhere and leaves the model
-# little to draft; 2 and 3 measured the same within noise (benchmarks/README.md: drafters).
+# little to draft; 2 and 3 measured the same within noise (docs/drafters.md, "The hybrid drafter").
 HYBRID_MIN_N = 2
 VERIFICATIONS = ("token", "block")  # tandem.wire.generation.VERIFICATION_MODES, without importing the wire here
 VERIFICATION_HELP = ("how drafted blocks are accepted unless a request says: the block's prefix jointly (block "
@@ -367,8 +367,7 @@ def _wait_ready(address: str, timeout_s: float) -> None:
 
 
 def cmd_generate(args) -> None:
-    from tandem.client import Client
-    from tandem.errors import TandemError
+    from tandem import Client, TandemError
 
     if (args.prompt is None) == (args.prompt_ids is None):
         raise SystemExit("tandem generate: give a prompt or --prompt-ids, not both")

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from tandem.math.analytic import analytic_speedup, best_gamma
-from tandem.services.runtime import eos_token_ids
+from tandem.services.runtime import cache_argument, eos_token_ids
 from tandem.services.vocabulary import PairMismatch, VocabularyMap, between, has_tokenizer, tokenizer_of
 
 COST_RULE = 0.15  # draft/target cost per token, the usual ceiling for a useful draft
@@ -114,12 +114,12 @@ def draft_logits(draft, vocabulary: VocabularyMap | None, tokens: list[int], sco
 @torch.inference_mode()
 def _decode_times(model, context: list[int], steps: int) -> list[float]:
     """Wall seconds of `steps` decode steps with a KV cache, after prefilling `context`."""
-    cache = DynamicCache(config=model.config)
-    token = model(input_ids=torch.tensor([context]), past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    cache = {cache_argument(model): DynamicCache(config=model.config)}
+    token = model(input_ids=torch.tensor([context]), use_cache=True, **cache).logits[:, -1:].argmax(-1)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)  # [1, 1]
+        token = model(input_ids=token, use_cache=True, **cache).logits[:, -1:].argmax(-1)  # [1, 1]
         times.append(time.perf_counter() - start)
     return times
 
@@ -139,10 +139,10 @@ def cost_per_token_ms(models: list, context: list[int], draft_ids=None, rounds: 
 
 @torch.inference_mode()
 def greedy_continuation(model, prompt: list[int], max_new_tokens: int, eos: tuple[int, ...]) -> list[int]:
-    cache = DynamicCache(config=model.config)
+    cache = {cache_argument(model): DynamicCache(config=model.config)}
     ids, out = torch.tensor([prompt]), []
     for _ in range(max_new_tokens):
-        token = int(model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1].argmax())
+        token = int(model(input_ids=ids, use_cache=True, **cache).logits[0, -1].argmax())
         out.append(token)
         if token in eos:
             break

@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 import tandem
-from tandem.client import _Follow
+from tandem.sdk.client import _Follow
 from tandem.v1 import generation_pb2, generation_pb2_grpc
 
 
@@ -30,7 +30,7 @@ def _stub():
 
 def test_a_break_before_the_session_id_sends_the_request_again_after_it_resumes():
     stub = _stub()
-    follow = _Follow(request=tandem.client.build_request(None, [5, 6], 8, 0.0, None, None, None, None),
+    follow = _Follow(request=tandem.sdk.client.build_request(None, [5, 6], 8, 0.0, None, None, None, None),
                      session_id=None, received=0, timeout_s=60, attempts=3)
     method, request, _ = follow.call(stub)
     assert method is stub.GenerateStream and list(request.prompt_token_ids) == [5, 6]

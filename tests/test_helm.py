@@ -1137,7 +1137,8 @@ CLIENTS = {"secure": ["gateway", "lb-client"]}
 
 
 def needed_paths(r: Rendered, endpoints: dict[str, Endpoint]) -> set[tuple[str, str, int, str]]:
-    """The paths tandem needs, from the architecture (README: Security), for these values."""
+    """The paths tandem needs (helm/tandem/README.md, "Security": the NetworkPolicies' table), for
+    these values."""
     v = r.values
     o = v["orchestrator"]
     ray = o["kind"] == "RayService"

@@ -2,7 +2,7 @@
 
     tandem.math (pure; only its `sampling`, `block`, `tree_sampling` and `tree_greedy` use torch)
       ↑
-    tandem.wire (the codec and validation every side shares) ← the SDK (tandem, client, errors)
+    tandem.wire (the codec and validation every side shares) ← the SDK (tandem, tandem.sdk)
     tandem.rules (the verification rules: both halves; torch only inside a worker half)
       ↑
     tandem.services (workers)        tandem.orchestrator (reaches workers only over gRPC)
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Where each installed package's source lives (pyproject.toml's package-dir).
 PACKAGE_DIRS = {"tandem": ROOT / "tandem", "tandem.services": ROOT / "services",
                 "tandem.orchestrator": ROOT / "orchestrator"}
-SDK = ("tandem", "tandem.client", "tandem.errors")
+SDK = ("tandem", "tandem.sdk", "tandem.sdk.client", "tandem.sdk.errors")
 THIRD_PARTY_OF_THE_SDK = {"grpc", "google", "opentelemetry"}  # OpenTelemetry only if the caller has it
 
 
@@ -61,7 +61,7 @@ def _imports_of(*packages: str) -> dict[str, set[str]]:
 
 
 def test_the_tree_is_what_the_wheel_installs():
-    assert {"tandem.client", "tandem.wire.generation", "tandem.math.sampling", "tandem.services.server",
+    assert {"tandem.sdk.client", "tandem.wire.generation", "tandem.math.sampling", "tandem.services.server",
             "tandem.orchestrator.cycle", "tandem.cli", "tandem.serve_app"} <= set(MODULES)
 
 
@@ -84,7 +84,7 @@ def test_tests_share_helpers_through_support_never_through_each_other():
 
 
 def test_the_sdk_needs_only_grpc_protobuf_the_wire_and_the_pure_math():
-    allowed = ("tandem.client", "tandem.errors", "tandem.wire.generation", "tandem.wire.validation", "tandem.v1",
+    allowed = ("tandem.sdk", "tandem.wire.generation", "tandem.wire.validation", "tandem.v1",
                "tandem.math.acceptance")
     for module in (*SDK, "tandem.wire.generation"):
         for name in imports(MODULES[module]):

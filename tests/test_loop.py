@@ -33,7 +33,7 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
     out, record, s, dropped = asyncio.run(run())
     assert dropped["draft"] >= s.cycle // 2 and dropped["target"] == s.cycle
     # Every verify re-prefilled the whole sequence: no steady cost to learn from.
-    assert s.policy.costs.verify_pass.n == 0 and s.policy.costs.verify_call_ms < 0
+    assert s.policy.costs.verify_pass.n == 0 and s.policy.costs.verify_call.n == 0
     assert out == expected
     assert record.tokens == prompt + out and record.cycle == s.cycle
     assert [c.output_tokens for c in record.per_cycle] == [c.output_tokens for c in s.stats.per_cycle]

@@ -216,7 +216,7 @@ def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
     """`tandem orchestrator` (Ray Serve) on a host of its own, each worker on another, 5 ms each
     way between them: the stream is the target's own, and every cycle's calls crossed the links."""
     from tandem.bench.network import NetworkCluster
-    from tandem.client import Client
+    from tandem import Client
 
     delay = 5.0
     prompt = pair["prompts"][0]

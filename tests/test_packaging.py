@@ -58,7 +58,7 @@ def test_wheel_holds_one_top_level_package(wheel):
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"tandem"}
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["tandem"]
-    for module in ("tandem/client.py", "tandem/services/server.py", "tandem/orchestrator/cycle.py",
+    for module in ("tandem/sdk/client.py", "tandem/services/server.py", "tandem/orchestrator/cycle.py",
                    "tandem/serve_app.py", "tandem/wire/generation.py", "tandem/math/sampling.py",
                    "tandem/v1/generation_pb2.py", "tandem/v1/generation_pb2.pyi", "tandem/py.typed"):
         assert module in names

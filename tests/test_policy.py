@@ -6,6 +6,7 @@ from dataclasses import asdict, replace
 import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
+from tandem.math.fit import LinearFit
 from tandem.orchestrator.policy import ACCEPTANCE, MAX_PROBE_GAP, CycleCosts, GammaPolicy
 from tandem.wire.worker import Batching
 
@@ -136,7 +137,7 @@ def test_costs_are_learned_from_steady_cycles_only():
     prefill = replace(cheap_good_cycle(4), draft_cost_ms=80.0, verify_cost_ms=90.0,
                       draft_fed=60, verify_fed=60)
     policy.observe(prefill)
-    assert policy.costs.draft_pass.n == 0 and policy.costs.verify_pass.n == 0 and policy.costs.overhead_ms == 0.5
+    assert policy.costs.draft_pass.n == 0 and policy.costs.verify_pass.n == 0 and policy.costs.overhead.at(4) == 0.5
     assert policy.choose() == policy.initial_gamma  # nothing steady measured yet
     policy = trained(cheap_good_cycle, [4, 2, 4, 6] * 3)
     before, accepted = asdict(policy.costs), policy.accepted
@@ -224,7 +225,8 @@ def test_probe_every_is_configurable():
 
 
 def test_acceptance_estimate_counts_verified_tokens():
-    """α = accepted / verified, verified = accepted + the one rejected token (README: Statistics)."""
+    """α = accepted / verified, verified = accepted + the one rejected token (docs/api.md,
+    "Statistics")."""
     policy = GammaPolicy(prior_alpha=0.6, prior_weight=2.0, pair_weight=8.0, decay=0.9)
     policy.observe(CycleCosts(4, 2, 4.0, 1.0, 10.0, 1.0, 1.0))  # 2 accepted, 3 verified
     assert (policy.accepted, policy.verified) == (2.0, 3.0)
@@ -249,20 +251,22 @@ def test_cost_estimates():
     policy = GammaPolicy(decay=0.9)
     policy.observe(CycleCosts(4, 2, draft_cost_ms=8.0, draft_call_ms=1.0, verify_cost_ms=12.0,
                               verify_call_ms=2.0, overhead_ms=3.0))
-    assert policy.costs.draft_ms_per_token() == 2.0 and policy.costs.draft_call_ms == 1.0
-    assert policy.costs.verify_call_ms == 2.0 and policy.costs.overhead_ms == 3.0
+    costs = policy.costs
+    assert costs.draft_ms_per_token() == 2.0 and costs.draft_call.at(4) == 1.0
+    assert costs.verify_call.at(4) == 2.0 and costs.overhead.at(4) == 3.0
     policy.observe(CycleCosts(2, 2, draft_cost_ms=8.0, draft_call_ms=3.0, verify_cost_ms=12.0,
                               verify_call_ms=4.0, overhead_ms=5.0))
     assert policy.costs.draft_ms_per_token() == pytest.approx((0.9 * 2 + 4) / 1.9)  # the fit's decayed mean
-    assert policy.costs.draft_call_ms == pytest.approx(0.9 * 1 + 0.1 * 3)
-    assert policy.costs.verify_call_ms == pytest.approx(0.9 * 2 + 0.1 * 4)
-    assert policy.costs.overhead_ms == pytest.approx(0.9 * 3 + 0.1 * 5)
-    before = (policy.costs.draft_ms_per_token(), policy.costs.draft_call_ms)
+    # Call costs are lines against γ; these fell as γ grew, which no cost does: flat, at the
+    # decayed mean.
+    for line, first, second in [(costs.draft_call, 1, 3), (costs.verify_call, 2, 4), (costs.overhead, 3, 5)]:
+        assert line.line() == pytest.approx(((0.9 * first + second) / 1.9, 0.0))
+    before = (costs.draft_ms_per_token(), costs.draft_call.line())
     policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
-    assert (policy.costs.draft_ms_per_token(), policy.costs.draft_call_ms) == before
+    assert (costs.draft_ms_per_token(), costs.draft_call.line()) == before
     alpha = policy.alpha
     policy.observe(CycleCosts(3, 3, 0.0, 0.0, 12.0, 2.0, 3.0, drafted_ahead=True))  # no draft call this cycle
-    assert (policy.costs.draft_ms_per_token(), policy.costs.draft_call_ms) == before
+    assert (costs.draft_ms_per_token(), costs.draft_call.line()) == before
     assert policy.alpha > alpha  # its acceptance still counts
 
 
@@ -272,8 +276,9 @@ def test_verify_cost_fit_recovers_a_linear_cost():
         policy.observe(CycleCosts(g, 0, 1.0 * g, 0.5, 5.0 + 2.0 * (g + 1), 0.5, 0.5))
     for g in range(0, 9):
         assert policy.costs.verify_ms(g) == pytest.approx(5.0 + 2.0 * (g + 1), rel=1e-6)
-        draft = g * policy.costs.draft_ms_per_token() + policy.costs.draft_call_ms if g else 0.0
-        want = draft + policy.costs.verify_ms(g) + policy.costs.verify_call_ms + policy.costs.overhead_ms
+        costs = policy.costs
+        draft = g * costs.draft_ms_per_token() + costs.draft_call.at(g) if g else 0.0
+        want = draft + costs.verify_ms(g) + costs.verify_call.at(g) + costs.overhead.at(g)
         assert policy.costs.cycle_ms(g) == pytest.approx(want)
 
 
@@ -342,6 +347,31 @@ def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
     assert loaded.choose() > 0
 
 
+def test_call_costs_that_grow_with_gamma_are_learned_as_lines():
+    """Sampled, every drafted token carries its distribution: the calls' CPU, the orchestrator's
+    and the latency grow with γ (k ms-ish per token here). The policy learns each as a line in γ,
+    so its cycle is the true cycle at every γ, and it picks the true best γ, lower as k grows. As
+    one number per call (a mean over the γs it ran), long blocks looked cheap."""
+    def sampled(g: int, k: float) -> CycleCosts:
+        c = loaded_cycle(g, 1)
+        return replace(c, accepted=(3 * g) // 4, draft_call_ms=(0.3 + 0.2 * k * g) if g else 0.0,
+                       draft_latency_ms=(2.0 + 0.4 * k * g) if g else 0.0, verify_call_ms=0.3 + 0.2 * k * g,
+                       latency_ms=2.0 + 0.3 * k * g, overhead_ms=0.5 + 0.1 * k * g)
+
+    def true_ms(g: int, k: float) -> float:  # loaded_cycle's passes alone: a draft step 2.4, a verify 10 + 0.5/token
+        draft = 2.4 * g + 0.3 + 0.2 * k * g + 2.0 + 0.4 * k * g if g else 0.0
+        return draft + 10.0 + 0.5 * (g + 1) + 0.3 + 0.2 * k * g + 2.0 + 0.3 * k * g + 0.5 + 0.1 * k * g
+
+    chosen = []
+    for k in (0.0, 1.0, 4.0):
+        policy = trained(lambda g: sampled(g, k), [2, 4, 1, 3, 6, 2, 5] * 4)
+        assert [policy.costs.cycle_ms(g) for g in range(9)] == pytest.approx([true_ms(g, k) for g in range(9)])
+        best = max(range(9), key=lambda g: expected_tokens(policy.alpha, g) / true_ms(g, k))
+        assert policy.choose() == best
+        chosen.append(best)
+    assert chosen[0] > chosen[1] > chosen[2] == 0
+
+
 def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
     """40 ms per cycle of waiting (the network, the loop, a core) and no CPU: alone it is the
     session's own time and drafting amortizes it; with 32 sessions per pass it is charged at a
@@ -352,7 +382,7 @@ def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
 
     alone = trained(lambda g: waiting(loaded_cycle(g, 1)), [2, 4, 1, 3] * 4)
     quick = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
-    assert alone.costs.latency_ms == pytest.approx(40.0, rel=0.05) and alone.choose() > quick.choose() > 0
+    assert alone.costs.latency.at(3) == pytest.approx(40.0, rel=0.05) and alone.choose() > quick.choose() > 0
     loaded = trained(lambda g: waiting(loaded_cycle(g, 32)), [2, 4, 1, 3] * 4)
     assert loaded.costs.cycle_ms(0) == pytest.approx(10.0 / 32 + 0.5 + 0.3 + 0.5 + 40.0 / 32, rel=1e-3)
     assert loaded.choose() == 0 == brute_force_choice(loaded, loaded.max_gamma)
@@ -426,8 +456,8 @@ def test_drafting_ahead_saves_the_draft_call_it_guesses():
     guessed = (policy.pair.hits + 2 * alpha) / (policy.pair.guesses + 2)
     assert guessed > 0.9
     plain, ahead = costs.cycles_ms(8), costs.cycles_ms(8, policy.ahead_rates(8))
-    draft_call = costs.draft_call_ms + costs.draft_latency_ms
     for g in range(1, 9):
+        draft_call = costs.draft_call.at(g) + costs.draft_overhead.at(g) + costs.draft_latency.at(g)
         saved = alpha ** g * guessed * (g * costs.draft_ms_per_token() + draft_call)
         assert ahead[g] == pytest.approx(plain[g] - saved)
     assert ahead[0] == plain[0]
@@ -446,9 +476,9 @@ def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
 
     policy = trained(lambda g: cpu(loaded_cycle(g, 4)), [0, 2, 4, 0, 1, 3] * 4)
     costs = policy.costs
-    assert costs.overhead_ms == pytest.approx(1.0) and costs.draft_overhead_ms == pytest.approx(0.5)
+    assert costs.overhead.at(3) == pytest.approx(1.0) and costs.draft_overhead.at(3) == pytest.approx(0.5)
     cycles = costs.cycles_ms(3)
-    unaware = replace(costs, draft_overhead_ms=0.0).cycles_ms(3)
+    unaware = replace(costs, draft_overhead=LinearFit()).cycles_ms(3)
     assert cycles[0] == unaware[0] and all(c == pytest.approx(u + 0.5) for c, u in zip(cycles[1:], unaware[1:]))
 
 

@@ -257,7 +257,8 @@ def test_residual_does_not_modify_inputs():
 
 
 def test_residual_one_hot_draft_removes_the_drafted_token():
-    """README, How it is exact: a one-hot (argmax) draft's residual is the target without that token."""
+    """docs/exactness.md, "Token-level verification": a one-hot (argmax) draft's residual is the
+    target without that token."""
     target = torch.tensor([0.1, 0.4, 0.3, 0.2])
     draft = torch.tensor([0.0, 1.0, 0.0, 0.0])
     torch.testing.assert_close(residual(target, draft), torch.tensor([1 / 6, 0.0, 3 / 6, 2 / 6]))
@@ -566,7 +567,8 @@ def test_exact_output_distribution_disjoint_supports():
 
 
 def test_exact_output_distribution_one_hot_draft():
-    """README, How it is exact: drafting the argmax while the request samples is exact too."""
+    """docs/exactness.md, "Token-level verification": drafting the argmax while the request samples
+    is exact too."""
     one_hot_draft = torch.nn.functional.one_hot(torch.tensor([1, 2, 0]), 6).float()
     check_each_position(T_A, one_hot_draft, n=30_000, seed=102)
 

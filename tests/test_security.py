@@ -160,7 +160,7 @@ def test_chunks_hold_the_stream_interval_and_the_tokens_are_the_targets(secure, 
 def test_a_4mb_prompt_is_refused_by_its_characters_while_a_concurrent_stream_runs(secure, stub, long_prompts):
     """The prompt's length is checked in characters, before tokenizing, and the concurrent stream
     goes on to the end (before: OUT_OF_RANGE after ~6 s, a concurrent stream paused 6.3 s). No
-    timing bound here: the measured times are in the README."""
+    timing bound here: the measured times are in docs/security.md (its **Limits** paragraph)."""
     arrivals = []
 
     async def run():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tandem.bench import report, summary
 from tandem.bench.runs import HF_MODES, HFRunner, Run, cluster_mode, cluster_run, concurrent_runs, hf_waves
-from tandem.client import Client
+from tandem import Client
 
 WORKLOADS = {"greedy": 0.0, "sampled": 1.0}
 

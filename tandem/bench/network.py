@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from tandem.bench.testbed import Testbed
 from tandem.local import spawn_worker, stop_processes
@@ -45,7 +46,9 @@ class NetworkCluster:
         try:
             self.bed.start()
             self.redis = EmbeddedRedis(password=secrets.token_urlsafe(16), host=self.bed.hosts["orchestrator"].gateway)
-            addresses = {name: self._worker(name) for name in self.workers}
+            # The workers load their models side by side: a cluster's start is most of a short run.
+            with ThreadPoolExecutor(len(self.workers)) as pool:
+                addresses = dict(zip(self.workers, pool.map(self._worker, self.workers)))
             links = self.bed.connect({name: ("orchestrator", to) for name, to in addresses.items()}, *self.delay)
             self._orchestrator([links[n] for n in self.workers if n.startswith("draft")],
                                [links[n] for n in self.workers if n.startswith("target")])

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from tandem.client import AsyncClient, Client
+from tandem import AsyncClient, Client
 
 HF_MODES = ("hf_target", "hf_assisted", "hf_lookup")
 # Hugging Face's prompt lookup (the n-gram peer): drafts of up to this many tokens, its

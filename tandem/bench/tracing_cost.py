@@ -16,7 +16,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from tandem.bench import summary
 from tandem.bench.runs import Run, cluster_mode, cluster_run
-from tandem.client import Client
+from tandem import Client
 
 STATES = ("traced", "untraced")
 GAMMA = 3

@@ -1,11 +1,11 @@
-"""A pass's cost against its tokens: a decayed least-squares line, kept where a cost can be."""
+"""A cost against its tokens: a decayed least-squares line, kept where a cost can be."""
 
 from dataclasses import dataclass
 
 
 @dataclass
 class LinearFit:
-    """Decayed least squares of y = intercept + slope · x, kept where a pass's cost can be: the
+    """Decayed least squares of y = intercept + slope · x (x ≥ 0), kept where a cost can be: the
     slope is never negative and the intercept never below zero."""
 
     n: float = 0.0
@@ -27,8 +27,16 @@ class LinearFit:
         """(intercept, slope); a flat line through the mean while x has not varied (n > 0)."""
         mean_x, mean_y = self.sx / self.n, self.sy / self.n
         slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / self._var()) if self.varied else 0.0
-        slope = min(slope, mean_y / mean_x)  # a pass never costs less than nothing at x = 0
+        if mean_x > 0:
+            slope = min(slope, mean_y / mean_x)  # a cost is never below nothing at x = 0
         return mean_y - slope * mean_x, slope
+
+    def at(self, x: float) -> float:
+        """The line at x; 0 before anything was measured (a cost not seen yet is none)."""
+        if not self.n:
+            return 0.0
+        intercept, slope = self.line()
+        return intercept + slope * x
 
     def _var(self) -> float:
         return self.sxx / self.n - (self.sx / self.n) ** 2

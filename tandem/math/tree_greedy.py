@@ -17,7 +17,7 @@ min(p(x), q′(x)), and no rule can do better, since Y ~ p falls in D with proba
 most and equals X ∉ D with probability Σ_{x∉D} min(p(x), q′(x)) at most (the coupling bound).
 Recursive rejection sampling without replacement (tandem.math.tree_sampling) draws every child
 from q, a different scheme: where the draft approximates the target it accepts less often (the
-tests compare both on the same nodes), not on every pair (benchmarks/README.md, "Token trees").
+tests compare both on the same nodes), not on every pair (benchmarks/README.md, "The tree rule").
 
 In a tree (tandem.math.tree) the walk tests a node's children in their order, so the sampled
 child comes first: children = [X, d_1, …, d_{w−1}]. X's accept probability is min(1,

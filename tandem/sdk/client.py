@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from tandem.errors import from_rpc_error
+from tandem.sdk.errors import from_rpc_error
 from tandem.v1 import generation_pb2_grpc
 from tandem.wire import generation as wire
 
 DEFAULT_ADDRESS = "127.0.0.1:9000"
 API_KEY_ENV = "TANDEM_API_KEY"  # the bearer token, when api_key= is not given
-log = logging.getLogger("tandem.client")
+log = logging.getLogger("tandem.sdk")
 
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_RESUME_ATTEMPTS = 8  # resumes in a row without a chunk: about 20 s of backoff
