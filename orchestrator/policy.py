@@ -65,10 +65,9 @@ intercept, shared by the sessions of a verify pass: whole alone (the session's o
 small part when many sessions keep the cluster busy through it (its work: throughput).
 
 A call's costs besides the passes (its worker's CPU, the orchestrator's, its latency) are lines
-too, against γ: sampled, every drafted token brings its distribution (the
-vocabulary's probabilities) through the draft worker, the network, the orchestrator and the
-verifier. Learned as one number per call, they made long blocks look cheap at T = 1, and adaptive
-γ ran 1–2 tokens above the best fixed γ.
+in γ too: sampled, every drafted token brings its distribution (the vocabulary's probabilities)
+through the draft worker, the network, the orchestrator and the verifier. Learned as one number
+per call, they made long blocks look cheap at T = 1.
 
 Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries.
 So a replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's
@@ -134,9 +133,8 @@ class PoolCosts:
     # Each worker's cost of one pass against the tokens it ran (every session's).
     draft_pass: LinearFit = field(default_factory=LinearFit)
     verify_pass: LinearFit = field(default_factory=LinearFit)
-    # A call's costs besides its passes, against the γ drafted tokens it carries. Sampled,
-    # every drafted token carries its distribution through both workers, the orchestrator and the
-    # network, so these grow with γ; charged per call, they made long blocks look cheap at T = 1.
+    # A call's costs besides its passes, against γ (the module's docstring): sampled, they grow
+    # with the drafted tokens' distributions.
     draft_call: LinearFit = field(default_factory=LinearFit)  # the draft worker's CPU (handling_ms)
     draft_overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU for it
     draft_latency: LinearFit = field(default_factory=LinearFit)  # its wall time beyond work and CPU
