@@ -5,7 +5,9 @@ drops fails over with the stream unchanged, and the whole cluster serves across 
 
 import asyncio
 import concurrent.futures
+import os
 import statistics
+import subprocess
 import time
 from contextlib import asynccontextmanager
 
@@ -150,6 +152,24 @@ def bed(pair):
             yield testbed, links
         finally:
             stop_processes([proc for proc, _ in started.values()])
+
+
+@pytest.mark.network
+@needs_testbed
+def test_stopping_the_test_bed_kills_what_its_programs_left_behind():
+    """A program's child that outlives it (as Ray's agents outlive an orchestrator stopped while
+    it starts) is killed with the test bed, and its namespace goes."""
+    with tb.Testbed(["orphans"]) as testbed:
+        shell = testbed.run("orphans", ["sh", "-c", "sleep 300 > /dev/null 2>&1 & echo $!"], stdout=subprocess.PIPE,
+                            text=True)
+        orphan = int(shell.communicate(timeout=10)[0])
+        os.kill(orphan, 0)  # alive, its parent gone
+        namespace = testbed.hosts["orphans"].namespace
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):  # SIGKILLed: gone once its new parent has reaped it
+            os.kill(orphan, 0)
+            time.sleep(0.1)
+    assert namespace not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 @pytest.mark.network

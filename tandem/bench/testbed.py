@@ -12,8 +12,10 @@ connects to the callee's address. Processes start in a host with `run` (or `pref
 a command), each on its host's address. Needs root and iproute2; `unavailable()` says why not.
 """
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -150,6 +152,7 @@ class Testbed:
                 proc.kill()
         self._procs, self._proxy = [], None
         for host in self.hosts.values():
+            _kill_what_is_left(host.namespace)
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
 
     def __enter__(self) -> "Testbed":
@@ -157,3 +160,13 @@ class Testbed:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _kill_what_is_left(namespace: str) -> None:
+    """SIGKILL whatever still runs in one of the test bed's namespaces once its programs have
+    stopped: their children that outlived them (Ray's agents, after an orchestrator stopped while
+    it started), which would hold the namespace and its veth pair for a minute more."""
+    listed = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    for pid in listed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
