@@ -18,8 +18,8 @@ committed token and 3 drafted ones), on a verifier of its own.
 Writes failover.{json,md,png} to --out (results/).
 
 --smoke: the whole path at a tiny size (one kill of each kind, 24-token streams, re-prefill at 64
-and 128 tokens, one repetition), on a Ray of its own, into --out alone; its numbers mean nothing,
-but every stream is still checked against the undisturbed run.
+and 128 tokens, one repetition), into --out alone; its numbers mean nothing, but every stream is
+still checked against the undisturbed run.
 """
 
 import argparse
@@ -196,9 +196,6 @@ def main() -> None:
         if args.out is None:
             parser.error("--smoke writes only to --out: give one")
         args.repeats, args.tokens, lengths = SMOKE["repeats"], SMOKE["tokens"], SMOKE["lengths"]
-        # A Ray of its own: ray.init would otherwise join the Ray at RAY_ADDRESS, or the last one
-        # `ray start` left on this machine, and its kills would hit what runs there.
-        os.environ["RAY_ADDRESS"] = "local"
     if args.repeats < 1 or args.tokens < 3:
         parser.error("--repeats must be ≥ 1 and --tokens ≥ 3 (the kill comes once a third is delivered)")
     args.out = args.out or OUT

@@ -12,13 +12,12 @@ each fixed γ achieves at the same load (its last run: benchmarks/LOG.md, "2026-
 policy charges CPU, not wall time"). With --out, it also writes what it prints, and each run's
 whole row, to DIR/gamma_under_load.{json,md}.
 
---smoke: the whole path at a tiny size (2 sessions, γ 0 and auto, 12 tokens), on a Ray of its
-own; its numbers mean nothing.
+--smoke: the whole path at a tiny size (2 sessions, γ 0 and auto, 12 tokens); its numbers mean
+nothing.
 """
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -46,9 +45,6 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.smoke:
         args.levels, args.gammas, args.max_tokens = SMOKE["levels"], SMOKE["gammas"], SMOKE["max_tokens"]
-        # A Ray of its own: ray.init would otherwise join the Ray at RAY_ADDRESS, or the last one
-        # `ray start` left on this machine, and deploy beside what runs there.
-        os.environ["RAY_ADDRESS"] = "local"
     try:
         args.levels = [int(n) for n in args.levels.split(",")]
         args.gammas = [None if g == "auto" else int(g) for g in args.gammas.split(",")]

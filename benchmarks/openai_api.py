@@ -29,8 +29,8 @@ Reproduce (about 10 minutes on the 2-core VM; vLLM's venv .venv-vllm is made whe
 
 --skip-vllm and --skip-bench-serve together need no .venv-vllm. --smoke: tandem's gRPC and HTTP
 paths under the own load at a tiny size (2 requests at 2 in flight, 8 tokens; flags given
-explicitly still win), on a Ray of its own, results only to --out (a new temporary directory
-when none is given); vLLM's server and `vllm bench serve` are left out (they live in
+explicitly still win), results only to --out (a new temporary directory when none is given);
+vLLM's server and `vllm bench serve` are left out (they live in
 .venv-vllm, which smoke mode never builds).
 """
 
@@ -52,7 +52,7 @@ from tandem.bench import summary
 from tandem.bench.runs import Run, concurrent_runs
 from tandem.bench.vllm import VllmServer, preload_libraries
 from tandem.ports import free_port
-from vllm_peer import (CLIENT, ROOT, VENV, ensure_vllm_venv, loadavg, machine, measure_level, own_ray, say,
+from vllm_peer import (CLIENT, ROOT, VENV, ensure_vllm_venv, loadavg, machine, measure_level, say,
                        tandem_processes, vllm_version)
 
 INPUT_LEN = 64
@@ -414,7 +414,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="default: benchmarks/results/openai_api (with --smoke: a new "
                                                 "temporary directory)")
     p.add_argument("--smoke", action="store_true",
-                   help="tandem's gRPC and HTTP paths at a tiny size, on a Ray of its own; no vLLM")
+                   help="tandem's gRPC and HTTP paths at a tiny size; no vLLM")
     if p.parse_known_args(argv)[0].smoke:
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
@@ -429,7 +429,6 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        own_ray()
         say("smoke: skipping vLLM's server and `vllm bench serve` (against vLLM and tandem's HTTP API): they "
             f"live in {VENV.name}, which smoke mode never builds")
     if not (args.skip_vllm and args.skip_bench_serve):

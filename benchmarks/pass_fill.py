@@ -8,8 +8,8 @@ pass_fill.png} to --out (default results/pass_fill/).
     .venv/bin/python benchmarks/pass_fill.py [--levels 8,32,64] [--drafter hybrid] [--out DIR] [--smoke]   # ~2 min
 
 --smoke: the whole path at a tiny size (2 prompts, 2 sessions at 2 in flight, 8 tokens; flags
-given explicitly still win), on a Ray of its own, results only to --out (a new temporary
-directory when none is given).
+given explicitly still win), results only to --out (a new temporary directory when none is
+given).
 """
 
 import argparse
@@ -19,7 +19,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from vllm_peer import ROOT, load_prompt_ids, own_ray, say, sessions_at
+from vllm_peer import ROOT, load_prompt_ids, say, sessions_at
 
 from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.local import LocalCluster
@@ -105,14 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft", default=str(ROOT / "models" / "draft"))
     p.add_argument("--out", default=None, help="default: benchmarks/results/pass_fill (with --smoke: a new "
                                                 "temporary directory)")
-    p.add_argument("--smoke", action="store_true", help="the whole path at a tiny size, on a Ray of its own")
+    p.add_argument("--smoke", action="store_true", help="the whole path at a tiny size")
     if p.parse_known_args(argv)[0].smoke:
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
     args.out = args.out or (tempfile.mkdtemp(prefix="pass_fill-smoke-") if args.smoke
                             else str(ROOT / "benchmarks" / "results" / "pass_fill"))
-    if args.smoke:
-        own_ray()
     write(measure(args), Path(args.out))
     say(f"results in {args.out}")
 

@@ -11,13 +11,12 @@ with its own seed shared by both rules. Per rule and temperature: tokens per tar
 acceptance length), tokens/s, and the greedy rule's ratio to rrsw paired by prompt. Writes
 tree_rules.json, tree_rules.md and tree_rules.png to --out (benchmarks/README.md, "The tree rule").
 
---smoke: the whole path at a tiny size (1 prompt, 12 tokens, γ = 2, T = 1), on a Ray of its own,
-into --out alone; its numbers mean nothing.
+--smoke: the whole path at a tiny size (1 prompt, 12 tokens, γ = 2, T = 1), into --out alone;
+its numbers mean nothing.
 """
 
 import argparse
 import json
-import os
 import random
 import statistics
 import time
@@ -101,9 +100,6 @@ def main() -> None:
         if args.out is None:
             parser.error("--smoke writes only to --out: give one")
         args.limit, args.max_tokens, args.gamma, args.temperatures = 1, 12, 2, "1"
-        # A Ray of its own: ray.init would otherwise join the Ray at RAY_ADDRESS, or the last one
-        # `ray start` left on this machine, and deploy beside what runs there.
-        os.environ["RAY_ADDRESS"] = "local"
     args.out = args.out or "benchmarks/results/tree_rules"
     draft, target = default_pair()
     from transformers import AutoTokenizer

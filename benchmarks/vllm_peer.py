@@ -18,8 +18,8 @@ torch and transformers.
         [--limit 64] [--out benchmarks/results/peers] [--smoke]
 
 --smoke: the whole path at a tiny size (2 prompts, 8 tokens, 2 in flight, the first drafter of
---drafters; flags given explicitly still win), on a Ray of its own, results only to --out (a new
-temporary directory when none is given). vLLM's systems are left out there: they need
+--drafters; flags given explicitly still win), results only to --out (a new temporary directory
+when none is given). vLLM's systems are left out there: they need
 .venv-vllm, which smoke mode never builds, and a vLLM start takes minutes; the greedy outputs
 are then checked against tandem's γ = 0 instead of vLLM's target.
 """
@@ -388,7 +388,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="default: benchmarks/results/peers (with --smoke: a new temporary "
                                                 "directory)")
     p.add_argument("--smoke", action="store_true",
-                   help="the whole tandem path at a tiny size, on a Ray of its own; vLLM's systems left out")
+                   help="the whole tandem path at a tiny size; vLLM's systems left out")
     if p.parse_known_args(argv)[0].smoke:
         p.set_defaults(**SMOKE)
     args = p.parse_args(argv)
@@ -403,17 +403,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def own_ray() -> None:
-    """Make the Ray that tandem's cluster starts in this process a new local one, shut down with
-    the cluster: ray.init would otherwise join the Ray at RAY_ADDRESS, or the one `ray start` last
-    left on this machine, and run beside (and leave running) someone else's applications."""
-    os.environ["RAY_ADDRESS"] = "local"
-
-
 def smoke_checks(args) -> None:
-    """Under --smoke: a Ray of its own, and vLLM only where .venv-vllm is already made (smoke mode
-    never builds it); one line saying what is left out."""
-    own_ray()
+    """Under --smoke: vLLM only where .venv-vllm is already made (smoke mode never builds it); one
+    line saying what is left out."""
     wanted = [s for s in args.systems if s in VLLM_SYSTEMS]
     if wanted and not STAMP.exists():
         raise SystemExit(f"vllm_peer --smoke: vLLM's systems ({', '.join(wanted)}) need {VENV}, which smoke mode "

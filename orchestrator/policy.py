@@ -347,13 +347,9 @@ class GammaPolicy:
 
 
 def _sum_lines(*weighted: tuple[LinearFit, float]) -> tuple[float, float]:
-    """Σ weight · line, as (intercept, slope); a line not measured yet counts nothing."""
-    intercept = slope = 0.0
-    for fit, weight in weighted:
-        if fit.n:
-            a, b = fit.line()
-            intercept, slope = intercept + weight * a, slope + weight * b
-    return intercept, slope
+    """Σ weight · line, as (intercept, slope)."""
+    lines = [(fit.line(), weight) for fit, weight in weighted]
+    return sum(w * a for (a, _), w in lines), sum(w * b for (_, b), w in lines)
 
 
 def _passes(reported: Batching | None, passes: int, tokens: int) -> Batching:

@@ -44,7 +44,9 @@ def _results() -> dict[str, int]:
 def test_a_benchmark_runs_in_its_smoke_mode(script, tmp_path):
     before = _results()
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # RAY_ADDRESS=local: a script's cluster starts a Ray of its own, never joining one this
+    # machine already runs (ray.init would join the one at RAY_ADDRESS, or one `ray start` left).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ADDRESS": "local"}
     done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--smoke", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=BOUND_S)
     assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"

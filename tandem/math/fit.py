@@ -24,7 +24,10 @@ class LinearFit:
         return self.n > 0 and self._var() > 1e-6
 
     def line(self) -> tuple[float, float]:
-        """(intercept, slope); a flat line through the mean while x has not varied (n > 0)."""
+        """(intercept, slope); a flat line through the mean while x has not varied, and (0, 0)
+        before anything was measured (a cost not seen yet is none)."""
+        if not self.n:
+            return 0.0, 0.0
         mean_x, mean_y = self.sx / self.n, self.sy / self.n
         slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / self._var()) if self.varied else 0.0
         if mean_x > 0:
@@ -32,9 +35,7 @@ class LinearFit:
         return mean_y - slope * mean_x, slope
 
     def at(self, x: float) -> float:
-        """The line at x; 0 before anything was measured (a cost not seen yet is none)."""
-        if not self.n:
-            return 0.0
+        """The line at x."""
         intercept, slope = self.line()
         return intercept + slope * x
 
