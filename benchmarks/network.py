@@ -34,7 +34,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import matplotlib
@@ -44,9 +44,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
 from tandem.bench.runs import cluster_mode, concurrent_runs
-from tandem.bench.summary import acceptance, concurrency_row
+from tandem.bench.summary import acceptance, concurrency_row, cycles
 from tandem.bench.testbed import unavailable
-from tandem.capacity import Cluster, Costs, simulate
+from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.math.analytic import expected_tokens
 from tandem.services.llama import LlamaPass
@@ -89,9 +89,20 @@ def up(args) -> None:
                 print(e, flush=True)
 
 
+def busy_ms() -> float:
+    """The machine's CPU time so far, all cores and processes (the bed's, the client's), from /proc/stat."""
+    user, nice, system, _, _, irq, softirq = map(int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8])
+    return (user + nice + system + irq + softirq) * 1e3 / os.sysconf("SC_CLK_TCK")
+
+
 def _prompts(target: str) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(target)
     return [tokenizer.encode(json.loads(line)["prompt"]) for line in open(HELDOUT_PROMPTS)]
+
+
+# What a sweep keeps of each run (tandem.bench.summary's row, and the machine's CPU per cycle).
+SWEEP_FIELDS = ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms", "mean_gamma", "acceptance_rate",
+                "mean_acceptance_length", "cycle", "cpu_ms_per_cycle")
 
 
 def sweep(args) -> None:
@@ -117,13 +128,13 @@ def sweep(args) -> None:
             batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
             # Every mode once per round, in a new order each round: drift spreads over all modes.
             for repeat, mode in ((r, m) for r in range(args.repeats) for m in rng.sample(modes, len(modes))):
+                busy = busy_ms()
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              args.seed, ignore_eos=True)
                 row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
+                row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
                 rows.append({"delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload, "mode": mode,
-                             "repeat": repeat, **{k: row[k] for k in ("in_flight", "sessions", "aggregate_tokens_per_s",
-                                                                      "ttft_ms", "mean_gamma", "acceptance_rate",
-                                                                      "mean_acceptance_length", "cycle")}})
+                             "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
             best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])
             print(f"[{i + 1}/{len(points)}, {time.time() - start:.0f} s] delay {delay:g} ms, {workload}, "
                   f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
@@ -231,9 +242,10 @@ def calibrate(args) -> None:
         gamma = _gamma_of(r["mode"])
         if gamma is None:
             continue
-        costs = _costs(rows, passes, prompt, r, gamma)
+        costs = replace(_costs(rows, passes, prompt, r, gamma),
+                        background_ms=_background_ms(rows, passes, prompt, r, gamma))
         cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores)
-        predicted = simulate(costs, cluster, gamma, seed=args.seed).tokens_per_s
+        predicted = load_tokens_per_s(costs, cluster, gamma, r["sessions"])
         out.append({"delay_ms": r["delay_ms"], "workload": r["workload"], "in_flight": r["in_flight"], "gamma": gamma,
                     "measured": r["aggregate_tokens_per_s"], "predicted": predicted,
                     "ratio": predicted / r["aggregate_tokens_per_s"], "costs": asdict(costs)})
@@ -341,6 +353,18 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
                  call_ms=max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"],
                  draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
                  prompt_tokens=max(1, round(prefill)))
+
+
+def _background_ms(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> float:
+    """The CPU per cycle that no call waits for (Costs.background_ms): the machine's CPU per cycle
+    in the workload's lone run of the point's γ at 0 ms (every process's: the bed's, Ray's, the
+    client's), less all that the simulator charges that lone cycle (at 0 ms, all of it is CPU:
+    passes, calls, the orchestrator). 0 for a sweep that did not measure the CPU."""
+    lone = [r for r in rows if r["in_flight"] == 1 and r["delay_ms"] == 0.0 and r["workload"] == point["workload"]
+            and r["mode"] == point["mode"] and "cpu_ms_per_cycle" in r]
+    if not lone:
+        return 0.0
+    return max(0.0, lone[0]["cpu_ms_per_cycle"] - lone_cycle_ms(_costs(rows, passes, prompt, lone[0], gamma), gamma))
 
 
 def _alpha_for(length: float, gamma: int) -> float:

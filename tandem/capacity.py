@@ -10,19 +10,28 @@ replica i mod R. A cycle of a session:
      γ · draft_token_ms of CPU and rtt/2 back;
   2. a verify call: rtt/2 to its verifier, one step of γ + 1 tokens (a new session's first cycle
      is its prefill: prompt_tokens, and no draft), call_ms of CPU and rtt/2 back;
-  3. orchestrator_ms on its replica's CPU, one cycle at a time per replica (FIFO).
+  3. orchestrator_ms on its replica's CPU, and background_ms on a host's shared cores.
 
-A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
-back to back; a pass takes the next step of the waiting jobs in arrival order, whole, while they
-fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
-tokens). A γ-token draft takes part in γ passes; a job that arrives during a pass waits for the
-next. call_ms is the worker's CPU outside passes, taken to run beside the device (it delays the
-call, not the passes). Each worker and replica has a processor of its own, unless the cluster
-shares a host's cores (Cluster.host_cores, as the test bed's processes share 2): then passes,
-calls and the orchestrator's cycles all run on those cores, shared as an OS shares them
-(_Cores). A drafting cycle accepts k tokens, drawn i.i.d. (each drafted token accepted with
-probability α until the first rejection, k ≤ γ), and outputs k + 1 (a prefill: 1); the last
-cycle of a session outputs only what the session still lacks.
+Calls go as tandem's control plane sends them (tandem.orchestrator.turns): the calls a replica
+makes in one turn of its event loop travel to each worker as one batched call, whose rows run
+together and are answered together once the last has run, paying one round trip and one call_ms
+(and a draft_token_ms per drafted token of every row). A replica runs the cycles of the answers
+that reached it in one turn (orchestrator_ms each, one after another), those that came meanwhile
+in the next, and sends each turn's next calls together: sessions answered together move on
+together, as cohorts.
+
+A worker batches continuously, as tandem.services.batching does: while steps wait it runs
+passes back to back; a pass takes the next step of the waiting jobs in arrival order, whole,
+while they fit in max_batch_tokens (the first always, however long), and costs intercept +
+slope · (its tokens). A γ-token draft takes part in γ passes; a job that arrives during a pass
+waits for the next. call_ms is the worker's CPU outside passes, taken to run beside the device
+(it delays the call, not the passes). Each worker and replica has a processor of its own,
+unless the cluster shares a host's cores (Cluster.host_cores, as the test bed's processes share
+2): then passes, calls, the orchestrator's cycles and the background work all run on those
+cores, shared as an OS shares them (_Cores); background_ms counts only there. A drafting cycle
+accepts k tokens, drawn i.i.d. (each drafted token accepted with probability α until the first
+rejection, k ≤ γ), and outputs k + 1 (a prefill: 1); the last cycle of a session outputs only
+what the session still lacks.
 
 Measuring. Slots start mid-session at uniformly drawn points, their first cycles spread over
 a lone cycle (as a cluster in its steady state has them), and the first thousand cycles (eight
@@ -34,11 +43,15 @@ come as often as they do), but the throughput carries none of their noise (its a
 same; Rao-Blackwell). With one session that never ends every cycle is alike, and the result is
 the renewal-reward closed form exactly (`closed_form_tokens_per_s`). Deterministic for a seed.
 
+A finite load (load_tokens_per_s) runs a given number of sessions instead, the first ones
+started together, as a benchmark's client runs them: its tokens/s counts its start and its end.
+
 What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
 prefill of the prompt and its catch-up on a session's first draft call, draft-ahead (drafting the
 next block while this one is verified), adaptive γ (γ is fixed per run; the last cycle does not
 shorten its draft to what the session lacks), token trees, the workers' holding of expected
-sessions, network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
+sessions (cohorts meet only where one waits for a pass or a replica), a call's CPU per row,
+network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
 tandem's γ policy keeps per worker: orchestrator/policy.py).
 """
 
@@ -90,6 +103,9 @@ class Costs:
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
     call_ms: float = 0.0  # a worker's CPU per call outside its passes
     draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
+    # CPU per cycle that no call waits for: its tokens streamed to the client (the replica, the
+    # ingress's proxy, the client), its commit in Redis's server. It only loads a host's shared cores.
+    background_ms: float = 0.0
     prompt_tokens: int = 128  # a new session's prefill
     max_batch_tokens: int = 512  # the most tokens one pass takes
 
@@ -100,7 +116,7 @@ class Costs:
                      "must be (intercept, slope), both >= 0")
         _require(sum(self.target_pass) > 0, "target_pass", "must cost > 0 (intercept + slope)")
         _require(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
-        for name in ("rtt_ms", "orchestrator_ms", "call_ms", "draft_token_ms"):
+        for name in ("rtt_ms", "orchestrator_ms", "call_ms", "draft_token_ms", "background_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
@@ -228,7 +244,7 @@ def _accepted(rng: random.Random, alpha: float, gamma: int) -> int:
 
 # --- the simulation --------------------------------------------------------------------------
 
-_ARRIVE, _PASS_END, _CYCLE_END, _START, _CALL_END, _REPLY, _CORES = range(7)
+_ARRIVE, _PASS_END, _CYCLE_END, _START, _CALL_END, _FORWARD, _REPLY, _BACKGROUND, _CORES = range(9)
 
 
 class _Cores:
@@ -281,9 +297,21 @@ class _Cores:
         return done
 
 
+class _Call:
+    """One batched call: the rows a replica sends a worker in one turn, answered together once
+    every row has run (tandem.orchestrator.turns, ProposeBatch and VerifyBatch)."""
+
+    __slots__ = ("worker", "rows", "left")
+
+    def __init__(self, worker: _Worker, rows: list[tuple[int, int, int]]) -> None:
+        self.worker = worker
+        self.rows = rows  # (slot, steps, tokens a step)
+        self.left = len(rows)  # rows still running
+
+
 class _Worker:
-    """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step]),
-    the pass it runs, and what it did in the window."""
+    """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step,
+    its call]), the pass it runs, and what it did in the window."""
 
     __slots__ = ("drafts", "intercept", "slope", "cap", "waiting", "batch", "pass_start", "busy_ms", "passes",
                  "tokens")
@@ -292,8 +320,8 @@ class _Worker:
         self.drafts = drafts
         self.intercept, self.slope = line
         self.cap = cap
-        self.waiting: list[list[int]] = []
-        self.batch: list[list[int]] | None = None  # None: idle
+        self.waiting: list[list] = []
+        self.batch: list[list] | None = None  # None: idle
         self.pass_start = 0.0
         self.busy_ms, self.passes, self.tokens = 0.0, 0, 0
 
@@ -320,7 +348,7 @@ class _Run:
         self.drafters = [_Worker(True, costs.draft_pass, costs.max_batch_tokens) for _ in range(cluster.drafters)]
         self.verifiers = [_Worker(False, costs.target_pass, costs.max_batch_tokens) for _ in range(cluster.verifiers)]
         self.replica_busy = [False] * cluster.replicas
-        self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # slots, FIFO
+        self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # answered slots, in order
         self.cores = _Cores(self, cluster.host_cores)
         self.half_rtt = costs.rtt_ms / 2
         # E[min(k + 1, left)] = expected_tokens(α, left - 1) while left <= γ + 1 (the module's docstring).
@@ -339,51 +367,88 @@ class _Run:
         self.block_start = (0.0, 0.0)  # (time, output) where the current block began
         self.ttfts: list[float] = []
         self.cycle_ms_sum, self.steady_cycles = 0.0, 0
+        self.to_start: int | None = None  # a finite load's sessions not started yet (None: no end)
+        self.ended_at = 0.0  # when a session last ended
 
     def at(self, t: float, kind: int, what) -> None:
         heapq.heappush(self.heap, (t, self.tick(), kind, what))
 
-    # -- a session's cycle
+    # -- sessions' cycles
 
-    def start_cycle(self, slot: int) -> None:
-        self.cycle_start[slot] = self.now
-        t = self.now + self.half_rtt
-        if self.prefill[slot]:
-            self.at(t, _ARRIVE, (self.verifiers[slot % len(self.verifiers)], slot, 1, self.costs.prompt_tokens))
-        elif self.gamma > 0:
-            self.at(t, _ARRIVE, (self.drafters[slot % len(self.drafters)], slot, self.gamma, 1))
+    def send(self, calls: dict[_Worker, list[tuple[int, int, int]]]) -> None:
+        """A turn's rows, one batched call per worker, each on its way (half a round trip)."""
+        for worker, rows in calls.items():
+            self.at(self.now + self.half_rtt, _ARRIVE, _Call(worker, rows))
+
+    def start_cycles(self, slots: list[int]) -> None:
+        """The slots' next calls, made in one turn of their replica: a prefill's or γ = 0's
+        verify, else a draft."""
+        calls: dict[_Worker, list[tuple[int, int, int]]] = {}
+        for slot in slots:
+            self.cycle_start[slot] = self.now
+            if self.prefill[slot]:
+                row = self.verifiers[slot % len(self.verifiers)], (slot, 1, self.costs.prompt_tokens)
+            elif self.gamma > 0:
+                row = self.drafters[slot % len(self.drafters)], (slot, self.gamma, 1)
+            else:
+                row = self.verifiers[slot % len(self.verifiers)], (slot, 1, 1)
+            calls.setdefault(row[0], []).append(row[1])
+        self.send(calls)
+
+    def row_done(self, call: _Call) -> None:
+        """A row's last step ran; once the call's last has, the worker's CPU answers the call."""
+        call.left -= 1
+        if call.left == 0:
+            drafted = self.gamma * len(call.rows) if call.worker.drafts else 0
+            self.cores.start(self.costs.call_ms + drafted * self.costs.draft_token_ms, _CALL_END, call)
+
+    def call_end(self, call: _Call) -> None:
+        slots = [row[0] for row in call.rows]
+        if call.worker.drafts:
+            # The replica sends the blocks on to their verifiers as soon as it has them, in one turn.
+            self.at(self.now + self.half_rtt, _FORWARD, slots)
         else:
-            self.at(t, _ARRIVE, (self.verifiers[slot % len(self.verifiers)], slot, 1, 1))
+            self.at(self.now + self.half_rtt, _REPLY, slots)
 
-    def job_done(self, worker: _Worker, slot: int) -> None:
-        """The job's last step ran: the worker's CPU answers the call."""
-        work = self.costs.call_ms + (self.gamma * self.costs.draft_token_ms if worker.drafts else 0.0)
-        self.cores.start(work, _CALL_END, (worker, slot))
+    def forward(self, slots: list[int]) -> None:
+        calls: dict[_Worker, list[tuple[int, int, int]]] = {}
+        for slot in slots:
+            calls.setdefault(self.verifiers[slot % len(self.verifiers)], []).append((slot, 1, self.gamma + 1))
+        self.send(calls)
 
-    def call_end(self, worker: _Worker, slot: int) -> None:
-        back = self.now + self.half_rtt
-        if worker.drafts:
-            # The orchestrator sends the block on to the verifier as soon as it has it.
-            verifier = self.verifiers[slot % len(self.verifiers)]
-            self.at(back + self.half_rtt, _ARRIVE, (verifier, slot, 1, self.gamma + 1))
-        else:
-            self.at(back, _REPLY, slot)
-
-    def reply(self, slot: int) -> None:
-        """The verify answer reaches the session's replica, whose CPU runs cycles one at a time."""
-        replica = slot % len(self.replica_busy)
+    def reply(self, slots: list[int]) -> None:
+        """A verify answer reaches its replica, whose CPU runs orchestrator_ms per cycle: the
+        answers that came while it was busy all at once, next (one turn of its event loop)."""
+        replica = slots[0] % len(self.replica_busy)
         if self.replica_busy[replica]:
-            self.replica_queue[replica].append(slot)
+            self.replica_queue[replica].extend(slots)
         else:
             self.replica_busy[replica] = True
-            self.cores.start(self.costs.orchestrator_ms, _CYCLE_END, slot)
+            self.cores.start(len(slots) * self.costs.orchestrator_ms, _CYCLE_END, slots)
 
-    def end_cycle(self, slot: int) -> None:
-        replica = slot % len(self.replica_busy)
-        if self.replica_queue[replica]:
-            self.cores.start(self.costs.orchestrator_ms, _CYCLE_END, self.replica_queue[replica].pop(0))
+    def end_cycles(self, slots: list[int], window: Window | None) -> bool:
+        """The turn's cycles end, and their next calls go out together → whether the window is
+        measured (never, with no window: a finite load runs until its last session ends)."""
+        replica = slots[0] % len(self.replica_busy)
+        if queued := self.replica_queue[replica]:
+            self.replica_queue[replica] = []
+            self.cores.start(len(queued) * self.costs.orchestrator_ms, _CYCLE_END, queued)
         else:
             self.replica_busy[replica] = False
+        if self.costs.background_ms and self.cluster.host_cores:
+            self.cores.start(len(slots) * self.costs.background_ms, _BACKGROUND, None)
+        going_on = []
+        for slot in slots:
+            if self.end_cycle(slot):
+                going_on.append(slot)
+            if window and self.counted(window):
+                return True
+        self.start_cycles(going_on)
+        return False
+
+    def end_cycle(self, slot: int) -> bool:
+        """A cycle's output, and a new session where its session has all it wanted → whether
+        the slot runs another cycle (not once a finite load has started all its sessions)."""
         self.cycles += 1
         if self.prefill[slot]:
             self.prefill[slot] = False
@@ -398,16 +463,34 @@ class _Run:
                 self.cycle_ms_sum += self.now - self.cycle_start[slot]
                 self.steady_cycles += 1
             self.left[slot] = left - min(left, _accepted(self.rng, self.costs.alpha, self.gamma) + 1)
-        if self.left[slot] == 0:  # the next session takes the slot at once
-            self.left[slot] = self.cluster.tokens_per_session
-            self.prefill[slot] = True
-            self.started[slot] = self.now
-        self.start_cycle(slot)
+        if self.left[slot]:
+            return True
+        self.ended_at = self.now
+        if self.to_start == 0:
+            return False
+        if self.to_start is not None:
+            self.to_start -= 1
+        self.left[slot] = self.cluster.tokens_per_session  # the next session takes the slot at once
+        self.prefill[slot] = True
+        self.started[slot] = self.now
+        return True
+
+    def counted(self, window: Window) -> bool:
+        """A cycle ended: the window begins after the warmup, or a block of it ends → whether
+        the window is measured."""
+        if not self.measuring:
+            if self.cycles >= window.warmup_cycles:
+                self.begin_window()
+        elif self.cycles % window.block_cycles == 0:
+            self.end_block()
+            return self.precise(window.precision) or self.cycles >= window.max_cycles
+        return False
 
     # -- a worker's passes
 
-    def arrive(self, worker: _Worker, slot: int, steps: int, tokens: int) -> None:
-        worker.waiting.append([self.tick(), slot, steps, tokens])
+    def arrive(self, call: _Call) -> None:
+        worker = call.worker
+        worker.waiting.extend([self.tick(), slot, steps, tokens, call] for slot, steps, tokens in call.rows)
         if worker.batch is None:
             self.start_pass(worker)
 
@@ -428,12 +511,12 @@ class _Run:
             if job[2]:
                 going_on.append(job)
             else:
-                self.job_done(worker, job[1])
+                self.row_done(job[4])
         worker.batch = None
         if going_on:  # back among the waiting in arrival order (most often all older than them)
             waiting = worker.waiting
             worker.waiting = going_on + waiting if not waiting or going_on[-1][0] < waiting[0][0] else sorted(
-                going_on + waiting)
+                going_on + waiting, key=lambda job: job[0])
         if worker.waiting:
             self.start_pass(worker)
 
@@ -483,37 +566,49 @@ class _Run:
         self.seed_slots()
         if window.warmup_cycles == 0:
             self.begin_window()
+        self.events(window)
+        return self.prediction()
+
+    def run_load(self, sessions: int) -> float:
+        """A finite load: the first sessions all fresh and started in one turn → when the last
+        of `sessions` ends."""
+        slots = self.cluster.sessions
+        self.to_start = sessions - slots
+        self.left = [self.cluster.tokens_per_session] * slots
+        self.prefill = [True] * slots
+        self.start_cycles(list(range(slots)))
+        self.events(None)
+        return self.ended_at
+
+    def events(self, window: Window | None) -> None:
+        """Handle events in time order until the window is measured, or (no window) none are left."""
         heap, pop = self.heap, heapq.heappop
-        while True:
+        while heap:
             self.now, _, kind, what = pop(heap)
             if kind != _CORES:
                 if self.handle(kind, what, window):
-                    return self.prediction()
+                    return
                 continue
             for _, kind, what in self.cores.ended(what):  # the tasks that ended now, on shared cores
                 if self.handle(kind, what, window):
-                    return self.prediction()
+                    return
 
-    def handle(self, kind: int, what, window: Window) -> bool:
+    def handle(self, kind: int, what, window: Window | None) -> bool:
         """One event → whether the window is measured."""
         if kind == _ARRIVE:
-            self.arrive(*what)
+            self.arrive(what)
         elif kind == _PASS_END:
             self.end_pass(what)
         elif kind == _CALL_END:
-            self.call_end(*what)
+            self.call_end(what)
+        elif kind == _FORWARD:
+            self.forward(what)
         elif kind == _REPLY:
             self.reply(what)
         elif kind == _START:
-            self.start_cycle(what)
+            self.start_cycles([what])
         elif kind == _CYCLE_END:
-            self.end_cycle(what)
-            if not self.measuring:
-                if self.cycles >= window.warmup_cycles:
-                    self.begin_window()
-            elif self.cycles % window.block_cycles == 0:
-                self.end_block()
-                return self.precise(window.precision) or self.cycles >= window.max_cycles
+            return self.end_cycles(what, window)
         return False
 
     def prediction(self) -> Prediction:
@@ -566,9 +661,28 @@ def simulate(costs: Costs, cluster: Cluster, gamma: int, *, seed: int = 0, windo
     (a few thousand cycles alone, tens of thousands where a saturated worker's cohorts keep
     regrouping); max_cycles bounds it, and tokens_per_s_se says how well the window knew its
     rate."""
+    _check_gamma(cluster, gamma)
+    return _Run(costs, cluster, gamma, seed).run(window or Window.for_cluster(cluster))
+
+
+def _check_gamma(cluster: Cluster, gamma: int) -> None:
     _require(isinstance(gamma, int) and 0 <= gamma <= MAX_GAMMA, "gamma", f"must be an integer in [0, {MAX_GAMMA}]")
     _require(gamma == 0 or cluster.drafters >= 1, "drafters", "must be >= 1 to draft (gamma > 0)")
-    return _Run(costs, cluster, gamma, seed).run(window or Window.for_cluster(cluster))
+
+
+def load_tokens_per_s(costs: Costs, cluster: Cluster, gamma: int, sessions: int, *, seeds: int = 32) -> float:
+    """A finite load, as a benchmark's client runs one: `sessions` sessions of
+    cluster.tokens_per_session tokens, cluster.sessions at a time, the first ones started
+    together and each next one as soon as one ends → all their tokens over the time the last
+    ends, averaged over seeds 0 … seeds − 1 (a load's time follows its draws of acceptance). Unlike
+    the steady state (simulate), it counts the load's start, all its sessions in their prefill at
+    once, and its end, as its last sessions run with fewer beside them."""
+    _require(isinstance(sessions, int) and sessions >= cluster.sessions, "sessions",
+             f"must be an integer >= the sessions in flight ({cluster.sessions})")
+    _check_gamma(cluster, gamma)
+    tokens = sessions * cluster.tokens_per_session
+    return statistics.fmean(1e3 * tokens / _Run(costs, cluster, gamma, seed).run_load(sessions)
+                            for seed in range(seeds))
 
 
 # --- the planner -----------------------------------------------------------------------------

@@ -958,6 +958,9 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes (default 0)")
     cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
                                                               "passes (default 0)")
+    cluster.add_argument("--background-ms", type=float, help="CPU per cycle that no call waits for (streaming the "
+                                                             "tokens, Redis's server): it loads --host-cores only "
+                                                             "(default 0)")
     cluster.add_argument("--prompt-tokens", type=int, help="a new session's prefill (default 128)")
     cluster.add_argument("--max-batch-tokens", type=int, help="tokens per pass at most (default 512)")
     cluster.add_argument("--sessions", type=int, help="sessions in flight, closed loop (default 64)")

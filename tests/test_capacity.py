@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tandem.capacity import (Cluster, Costs, InvalidInput, Window, closed_form_tokens_per_s, drafter_counts,
-                             lone_cycle_ms, plan_cluster, simulate)
+                             load_tokens_per_s, lone_cycle_ms, plan_cluster, simulate)
 from tandem.cli import main
 from tandem.math.analytic import expected_tokens
 
@@ -173,9 +173,9 @@ def test_plan_golden_numbers():
     assert [(r.drafters, r.gamma) for r in plan.best_per_ratio] == [(0, 0), (1, 3), (2, 3)]
     best = plan.recommended
     assert (best.drafters, best.verifiers, best.gamma, best.gpus) == (1, 2, 3, 3.0)
-    assert best.tokens_per_s == pytest.approx(1224.394604480879, rel=1e-9)
-    assert best.tokens_per_s_per_gpu == pytest.approx(408.1315348269597, rel=1e-9)
-    assert best.prediction.ttft_ms == pytest.approx(39.18584337349267, rel=1e-9)
+    assert best.tokens_per_s == pytest.approx(1224.4365947619067, rel=1e-9)
+    assert best.tokens_per_s_per_gpu == pytest.approx(408.14553158730223, rel=1e-9)
+    assert best.prediction.ttft_ms == pytest.approx(39.17018072289174, rel=1e-9)
     assert plan.rows[0].tokens_per_s == pytest.approx(714.4012003052856, rel=1e-9)
     assert best.tokens_per_s_per_gpu == max(r.tokens_per_s_per_gpu for r in plan.rows)
 
@@ -219,7 +219,8 @@ def test_cli_json(capsys):
     assert set(out) == {"costs", "sessions", "replicas", "host_cores", "draft_gpu_cost", "recommended",
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "prompt_tokens": 128,
+                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "background_ms": 0.0,
+                            "prompt_tokens": 128,
                             "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
     row_fields = {"drafters", "verifiers", "drafters_per_verifier", "gamma", "gpus", "tokens_per_s", "tokens_per_s_se",
@@ -245,7 +246,8 @@ def test_cli_table(capsys):
 def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                "orchestrator_ms": 0.2, "call_ms": 0.1, "draft_token_ms": 0.05, "prompt_tokens": 32,
+                "orchestrator_ms": 0.2, "call_ms": 0.1, "draft_token_ms": 0.05, "background_ms": 0.0,
+                "prompt_tokens": 32,
                 "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
@@ -302,3 +304,47 @@ def test_cli_plot(capsys, tmp_path):
     main([*SMALL, "--plot", str(png)])
     assert f"plot in {png}" in capsys.readouterr().out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- batched calls and finite loads ----------------------------------------------------------
+
+
+def test_a_load_started_together_moves_as_one_cohort():
+    """Four fresh sessions at γ = 0 start in one turn: each cycle is one batched call (one round
+    trip, one call_ms, one pass of all four rows) and four cycles on the replica, so the load's
+    time is a prefill and T − 1 such cycles, whatever the seed."""
+    costs = Costs(draft_pass=(1.0, 0.0), target_pass=(10.0, 0.5), alpha=0.5, rtt_ms=20.0, orchestrator_ms=0.25,
+                  call_ms=1.5, prompt_tokens=8)
+    tokens = 16
+    cluster = Cluster(0, 1, 4, tokens_per_session=tokens)
+    turn = 20.0 + 1.5 + 4 * 0.25
+    load_ms = (turn + 10.0 + 0.5 * 4 * 8) + (tokens - 1) * (turn + 10.0 + 0.5 * 4)
+    assert load_tokens_per_s(costs, cluster, 0, 4, seeds=3) == pytest.approx(1e3 * 4 * tokens / load_ms, rel=1e-12)
+    # Twice the sessions through the same four slots: twice the time.
+    assert load_tokens_per_s(costs, cluster, 0, 8, seeds=3) == pytest.approx(1e3 * 4 * tokens / load_ms, rel=1e-12)
+
+
+def test_a_load_ends_with_fewer_in_flight():
+    """Sessions drafting at γ > 0 end at different cycles, so a load's last ones run with fewer
+    beside them: its tokens/s falls short of the steady state's, less so the longer the load."""
+    cluster = Cluster(1, 1, 8, tokens_per_session=64)
+    steady = simulate(BUSY, cluster, 3).tokens_per_s
+    short, long = (load_tokens_per_s(BUSY, cluster, 3, n) for n in (8, 64))
+    assert short < long < steady * 1.02
+
+
+def test_a_load_refuses_fewer_sessions_than_slots():
+    with pytest.raises(InvalidInput) as e:
+        load_tokens_per_s(BUSY, Cluster(1, 1, 8), 3, 4)
+    assert e.value.field == "sessions"
+
+
+def test_background_work_loads_shared_cores_only():
+    """CPU per cycle that no call waits for: nothing on processors of their own, a slower
+    cluster where it shares cores with the passes."""
+    costs = replace(BUSY, call_ms=0.5)
+    for cores, slower in ((0, False), (1, True), (2, True)):
+        cluster = Cluster(1, 1, 8, tokens_per_session=64, host_cores=cores)
+        plain = simulate(costs, cluster, 3).tokens_per_s
+        loaded = simulate(replace(costs, background_ms=3.0), cluster, 3).tokens_per_s
+        assert (loaded < 0.95 * plain) if slower else loaded == plain
