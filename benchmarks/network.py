@@ -5,7 +5,7 @@ capacity simulator's predictions against those measurements.
     .venv/bin/python benchmarks/network.py up [--delay-ms 5]     # a cluster on the test bed, until Ctrl-C
     .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-8,auto] [--repeats 3]
     .venv/bin/python benchmarks/network.py calibrate             # after a sweep
-    .venv/bin/python benchmarks/network.py runahead [--guesses 0,1,3]   # drafting ahead for several outcomes
+    .venv/bin/python benchmarks/network.py runahead [--settings off,1,1+8]   # drafting ahead for more outcomes
     .venv/bin/python benchmarks/network.py --smoke --out DIR     # sweep, calibrate, runahead at a tiny size
 
 The test bed (tandem.bench.testbed, tandem.bench.network) puts the orchestrator, the draft worker
@@ -18,10 +18,11 @@ stream is max_tokens long, --repeats times in a new order each round; a point's 
 is its median run, and it times both models' passes before and after its points. Needs root
 (network namespaces). `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the
 bed's processes sharing the host's cores, from costs measured apart from it (`_costs`). `runahead`
-measures a lone session's tokens/s against the delay with drafting ahead off (0) and for 1 or more
-guesses of the bonus token (`tandem orchestrator --ahead-guesses`), one cluster per setting and
-round, the settings in a new order each round. `--smoke` runs sweep, calibrate on that sweep and
-runahead at a tiny size (SMOKE), everything under --out: the code path, not numbers to read.
+measures a lone session's tokens/s against the delay with drafting ahead off and for guesses of the
+bonus token and of the recovered tokens (`tandem orchestrator --ahead-guesses G --ahead-rejections
+R`), one cluster per setting and round, the settings in a new order each round. `--smoke` runs
+sweep, calibrate on that sweep and runahead at a tiny size (SMOKE), everything under --out: the
+code path, not numbers to read.
 
 Writes sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png} to --out (sweep,
 calibrate and runahead take it; default results/network).
@@ -49,6 +50,7 @@ from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.math.analytic import expected_tokens
+from tandem.orchestrator.config import OrchestratorConfig
 from tandem.services.llama import LlamaPass
 
 from forward_pass import forward_ms  # beside this script in benchmarks/
@@ -145,16 +147,27 @@ def sweep(args) -> None:
         write(rows, args, timings)
 
 
+def _setting_flags(setting: str) -> list[str]:
+    """A runahead setting's orchestrator flags: "off" (no drafting ahead), "G" (G guesses of the
+    bonus token) or "G+R" (and past a rejection at each of a block's first R positions)."""
+    if setting == "off":
+        return ["--no-draft-ahead"]
+    guesses, _, rejections = setting.partition("+")
+    return ["--ahead-guesses", str(int(guesses)), "--ahead-rejections", str(int(rejections or 0))]
+
+
 def runahead(args) -> None:
     draft, target = default_pair()
     prompts = _prompts(target)[:args.sessions]
-    settings = [int(g) for g in args.guesses.split(",")]
+    settings = args.settings.split(",")
+    for setting in settings:
+        _setting_flags(setting)  # a bad one fails here, not after an hour
     delays = [float(d) for d in args.delays.split(",")]
     rng, rows, start = random.Random(args.seed), [], time.time()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for repeat in range(args.repeats):
-        for guesses in rng.sample(settings, len(settings)):
-            flags = ["--no-draft-ahead"] if guesses == 0 else ["--ahead-guesses", str(guesses)]
+        for setting in rng.sample(settings, len(settings)):
+            flags = _setting_flags(setting)
             with NetworkCluster(draft, target, delay_ms=delays[0], orchestrator_args=flags) as cluster:
                 concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 1, 0)  # warm-up
                 for delay, workload, mode in ((d, w, m) for d in delays for w in args.workloads.split(",")
@@ -163,53 +176,60 @@ def runahead(args) -> None:
                     runs, wall = concurrent_runs(cluster.address, mode, workload, prompts, args.max_tokens, 1,
                                                  args.seed, ignore_eos=True)
                     row = concurrency_row(runs, wall, 1)
-                    rows.append({"delay_ms": delay, "workload": workload, "mode": mode, "guesses": guesses,
+                    rows.append({"delay_ms": delay, "workload": workload, "mode": mode, "setting": setting,
                                  "repeat": repeat, "aggregate_tokens_per_s": row["aggregate_tokens_per_s"],
                                  "mean_gamma": row["mean_gamma"],
                                  "drafted_ahead_share": row["cycle"].get("drafted_ahead_share")})
-            print(f"[round {repeat + 1}/{args.repeats}, {time.time() - start:.0f} s] {guesses} guesses done",
-                  flush=True)
+            print(f"[round {repeat + 1}/{args.repeats}, {time.time() - start:.0f} s] {setting} done", flush=True)
             write_runahead(rows, args)
 
 
 def _runahead_medians(rows: list[dict]) -> dict[tuple, dict]:
-    """(delay, workload, mode, guesses) → its median row over the rounds."""
+    """(delay, workload, mode, setting) → its median row over the rounds."""
 
     def key(r: dict) -> tuple:
-        return r["delay_ms"], r["workload"], r["mode"], r["guesses"]
+        return r["delay_ms"], r["workload"], r["mode"], r["setting"]
 
     return {key(m): m for m in sorted(_medians(rows, key), key=key)}
+
+
+def _setting_label(setting: str) -> str:
+    if setting == "off":
+        return "no drafting ahead"
+    guesses, _, rejections = setting.partition("+")
+    label = f"{guesses} guess{'es' * (guesses != '1')}"
+    return label + (f" + {rejections} rejections" if rejections else "")
 
 
 def write_runahead(rows: list[dict], args) -> None:
     out = Path(args.out)
     (out / "runahead.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "rows": rows}, indent=1))
     medians = _runahead_medians(rows)
-    settings = sorted({k[3] for k in medians})
-    more = [g for g in settings if g > 1]
-    head = " | ".join("off" if g == 0 else f"{g} guess{'es' * (g > 1)}" for g in settings)
-    lines = [f"| delay (ms) | workload | γ | {head} | " + "".join(f"{g} / 1 | " for g in more)
-             + "drafted ahead (share of drafting cycles) |", "|---" * (4 + len(settings) + len(more)) + "|"]
+    settings = [s for s in args.settings.split(",") if any(k[3] == s for k in medians)]
+    base = next((s for s in settings if s != "off"), None)  # the others against the first drafting ahead
+    more = [s for s in settings if s not in ("off", base)]
+    lines = [f"| delay (ms) | workload | γ | {' | '.join(map(_setting_label, settings))} | "
+             + "".join(f"{s} / {base} | " for s in more) + "drafted ahead (share of drafting cycles) |",
+             "|---" * (4 + len(settings) + len(more)) + "|"]
     for delay, workload, mode in sorted({k[:3] for k in medians}):
-        at = {g: medians.get((delay, workload, mode, g)) for g in settings}
-        speed = {g: r["aggregate_tokens_per_s"] if r else float("nan") for g, r in at.items()}
-        shares = ", ".join(f"{r['drafted_ahead_share']:.2f}" for g, r in at.items()
-                           if g and r and r["drafted_ahead_share"] is not None)
-        lines.append(f"| {delay:g} | {workload} | {mode} | " + " | ".join(f"{speed[g]:.1f}" for g in settings) + " | "
-                     + "".join(f"{speed[g] / speed.get(1, float('nan')):.2f} | " for g in more) + f"{shares} |")
+        at = {s: medians.get((delay, workload, mode, s)) for s in settings}
+        speed = {s: r["aggregate_tokens_per_s"] if r else float("nan") for s, r in at.items()}
+        shares = ", ".join(f"{r['drafted_ahead_share']:.2f}" for s, r in at.items()
+                           if s != "off" and r and r["drafted_ahead_share"] is not None)
+        lines.append(f"| {delay:g} | {workload} | {mode} | " + " | ".join(f"{speed[s]:.1f}" for s in settings) + " | "
+                     + "".join(f"{speed[s] / speed.get(base, float('nan')):.2f} | " for s in more) + f"{shares} |")
     (out / "runahead.md").write_text("\n".join(lines) + "\n")
     plot_runahead(medians, settings, out / "runahead.png")
 
 
-def plot_runahead(medians: dict[tuple, dict], settings: list[int], path: Path) -> None:
+def plot_runahead(medians: dict[tuple, dict], settings: list[str], path: Path) -> None:
     panels = sorted({(k[1], k[2]) for k in medians})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (workload, mode) in zip(axes[0], panels):
-        for g in settings:
+        for setting in settings:
             points = sorted((k[0], r["aggregate_tokens_per_s"]) for k, r in medians.items()
-                            if k[1:] == (workload, mode, g))
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                    label="no drafting ahead" if g == 0 else f"ahead, {g} guess{'es' * (g > 1)}")
+                            if k[1:] == (workload, mode, setting))
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=_setting_label(setting))
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("one-way delay, orchestrator ↔ each worker (ms)")
         ax.set_ylabel("tokens/s, one session")
@@ -243,8 +263,9 @@ def calibrate(args) -> None:
         if gamma is None:
             continue
         costs = replace(_costs(rows, passes, prompt, r, gamma),
-                        background_ms=_background_ms(rows, passes, prompt, r, gamma))
-        cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores)
+                        background_ms=_background_ms(rows, passes, prompt, r["workload"]))
+        cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores,
+                          draft_ahead=True, ahead_rejections=OrchestratorConfig.ahead_rejections)
         predicted = load_tokens_per_s(costs, cluster, gamma, r["sessions"])
         out.append({"delay_ms": r["delay_ms"], "workload": r["workload"], "in_flight": r["in_flight"], "gamma": gamma,
                     "measured": r["aggregate_tokens_per_s"], "predicted": predicted,
@@ -336,7 +357,8 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       transport at zero delay (gRPC's encoding, the delay proxy's relaying, the event loops),
       the round trip as what the transport takes more at the point's delay, and the
       orchestrator's time per cycle;
-    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ."""
+    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ;
+    - drafting ahead's rates of right guesses (_guess_rates)."""
     n, workload = point["in_flight"], point["workload"]
     target = _line(passes["target"], gamma + 1, max(gamma + 2, n * (gamma + 1)))
     draft = _line(passes["draft"], 1, max(2, n))
@@ -345,9 +367,12 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     alpha = _alpha_for(float(np.mean([r["mean_acceptance_length"] for r in same_gamma])), gamma) if gamma else 0.0
     plain = {r["delay_ms"]: r["cycle"] for r in alone if r["mode"] == cluster_mode(0)}
     drafting = [r for r in alone if r["mean_gamma"]]
-    per_token, _ = np.polyfit([r["mean_gamma"] for r in drafting], [r["cycle"]["draft_ms"] for r in drafting], 1)
+    # A cycle's draft time, per cycle that made a draft call (a block drafted ahead made none).
+    per_call = [r["cycle"]["draft_ms"] / (1.0 - (r["cycle"].get("drafted_ahead_share") or 0.0)) for r in drafting]
+    per_token, _ = np.polyfit([r["mean_gamma"] for r in drafting], per_call, 1)
     prefill = (passes["target"][prompt] - target[0]) / target[1] if target[1] else prompt
-    return Costs(draft_pass=draft, target_pass=target, alpha=alpha,
+    bonus, recovered = _guess_rates(alone)
+    return Costs(draft_pass=draft, target_pass=target, alpha=alpha, bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
                  orchestrator_ms=plain[0.0]["orchestration_ms"],
                  call_ms=max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"],
@@ -355,16 +380,38 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
                  prompt_tokens=max(1, round(prefill)))
 
 
-def _background_ms(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> float:
-    """The CPU per cycle that no call waits for (Costs.background_ms): the machine's CPU per cycle
-    in the workload's lone run of the point's γ at 0 ms (every process's: the bed's, Ray's, the
-    client's), less all that the simulator charges that lone cycle (at 0 ms, all of it is CPU:
-    passes, calls, the orchestrator). 0 for a sweep that did not measure the CPU."""
-    lone = [r for r in rows if r["in_flight"] == 1 and r["delay_ms"] == 0.0 and r["workload"] == point["workload"]
-            and r["mode"] == point["mode"] and "cpu_ms_per_cycle" in r]
+def _guess_rates(alone: list[dict]) -> tuple[float, float]:
+    """Drafting ahead's (bonus_guess, recovered_guess) (tandem.capacity.Costs): the rates that
+    best give, by least squares, the share of drafting cycles each lone fixed-γ run found drafted
+    ahead, α^γ · bonus + (1 − α^min(γ, R)) · recovered with α its own (_alpha_for) and R the
+    sweep's ahead_rejections."""
+    rejections = OrchestratorConfig.ahead_rejections
+    fits = []  # (α^γ, 1 − α^min(γ, R), share)
+    for r in alone:
+        gamma, share = _gamma_of(r["mode"]), r["cycle"].get("drafted_ahead_share")
+        if gamma and share is not None:
+            alpha = _alpha_for(r["mean_acceptance_length"], gamma)
+            fits.append((alpha ** gamma, 1.0 - alpha ** min(gamma, rejections), share))
+    if not fits:
+        return 0.0, 0.0
+    x, y = np.array([f[:2] for f in fits]), np.array([f[2] for f in fits])
+    if not rejections:
+        return float(np.clip(np.sum(x[:, 0] * y) / np.sum(x[:, 0] ** 2), 0.0, 1.0)), 0.0
+    rates = np.linalg.lstsq(x, y, rcond=None)[0]
+    return tuple(float(np.clip(rate, 0.0, 1.0)) for rate in rates)
+
+
+def _background_ms(rows: list[dict], passes: dict, prompt: int, workload: str) -> float:
+    """The CPU per cycle that no call waits for (Costs.background_ms; per cycle, whatever its γ:
+    a chunk streamed, a commit): the machine's CPU per cycle in the workload's lone γ = 0 run at
+    0 ms (every process's: the bed's, Ray's, the client's), less all that the simulator charges
+    that cycle (at 0 ms, all of it is CPU: its pass, its call, the orchestrator). 0 for a sweep
+    that did not measure the CPU."""
+    lone = [r for r in rows if r["in_flight"] == 1 and r["delay_ms"] == 0.0 and r["workload"] == workload
+            and r["mode"] == cluster_mode(0) and "cpu_ms_per_cycle" in r]
     if not lone:
         return 0.0
-    return max(0.0, lone[0]["cpu_ms_per_cycle"] - lone_cycle_ms(_costs(rows, passes, prompt, lone[0], gamma), gamma))
+    return max(0.0, lone[0]["cpu_ms_per_cycle"] - lone_cycle_ms(_costs(rows, passes, prompt, lone[0], 0), 0))
 
 
 def _alpha_for(length: float, gamma: int) -> float:
@@ -480,7 +527,7 @@ def plot(rows: list[dict], path: Path) -> None:
 SMOKE = (["sweep", "--delays", "0,1", "--gammas", "0-2,auto", "--workloads", "greedy", "--in-flight", "1",
           "--sessions", "2", "--max-tokens", "8", "--repeats", "1", "--pass-repetitions", "2"],
          ["calibrate"],
-         ["runahead", "--guesses", "0,2", "--delays", "1", "--workloads", "greedy", "--sessions", "1",
+         ["runahead", "--settings", "off,2+2", "--delays", "1", "--workloads", "greedy", "--sessions", "1",
           "--max-tokens", "8", "--repeats", "1"])
 
 
@@ -535,9 +582,10 @@ def main() -> None:
     p_sweep.add_argument("--seed", type=int, default=0)
     p_sweep.add_argument("--out", help="where sweep.{json,md,png} go")
     p_sweep.set_defaults(func=sweep)
-    p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead for 0 "
-                                               "(off), 1 or more guesses of the bonus token")
-    p_ahead.add_argument("--guesses", default="0,1,3", help="settings of --ahead-guesses; 0: --no-draft-ahead")
+    p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead off or for "
+                                               "guesses of the bonus token and of recovered tokens")
+    p_ahead.add_argument("--settings", default="off,1,1+8",
+                         help="off (--no-draft-ahead), G (--ahead-guesses G) or G+R (and --ahead-rejections R)")
     p_ahead.add_argument("--delays", default="0,1,5,20", help="one-way delays in ms")
     p_ahead.add_argument("--gammas", default="auto", help="the modes, as sweep's --gammas")
     p_ahead.add_argument("--workloads", default="greedy,sampled")

@@ -203,25 +203,27 @@ class DraftClient(WorkerClient):
         """Per drafted token (a tree's nodes) its id, probability and parent, and when sampling its
         distribution of up to 4 bytes per vocabulary entry; room for the rest."""
         drafted = tree.size(tuple(request.tree_widths)) if request.tree_widths else request.gamma
-        drafted *= max(1, request.ahead_guesses)  # a chain under each guess of a bonus token
+        drafted *= max(1, request.ahead_guesses) + request.ahead_rejections  # a chain under each guess
         greedy = request.sampling.temperature == 0
         return 256 + drafted * (32 + (0 if greedy else 16 + 4 * vocab_size))
 
     async def propose(
         self, session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
         parent: Context | None = None, ahead: bool = False, epoch: int = 0, tree_widths: tuple[int, ...] = (),
-        tree_rule: str = "", guesses: int = 1,
+        tree_rule: str = "", guesses: int = 1, block: int = 0, rejections: int = 0,
     ) -> Reply:
         """ahead: a draft past the block under verification (its draws keyed for the next cycle,
         ProposeRequest.ahead; marked on its span), for this many guesses of its bonus token
-        (ahead_guesses); epoch: the session's writer epoch (tandem.services.fencing); tree_widths:
-        a token tree's (gamma deep), its children drawn by tree_rule ("rrsw", "greedy"; "": the
-        worker's default, rrsw)."""
+        (ahead_guesses) and rejections at the first positions of the block, the last `block`
+        tokens (ahead_rejections, ahead_block); epoch: the session's writer epoch
+        (tandem.services.fencing); tree_widths: a token tree's (gamma deep), its children drawn
+        by tree_rule ("rrsw", "greedy"; "": the worker's default, rrsw)."""
         def encode(trace_context):
             return wire.propose_request(session_id, cache_len, tokens, gamma, params, trace_context, tree_widths,
-                                        epoch, ahead, tree_rule, guesses if ahead else 0)
+                                        epoch, ahead, tree_rule, guesses if ahead else 0, block, rejections)
 
-        attributes = {"tandem.draft_ahead": True, "tandem.ahead_guesses": guesses} if ahead else None
+        attributes = {"tandem.draft_ahead": True, "tandem.ahead_guesses": guesses,
+                      "tandem.ahead_rejections": rejections} if ahead else None
         if tree_widths:
             attributes = {"tandem.tree_widths": list(tree_widths)}
         return await self._call("Propose", encode, wire.proposal_from_pb, parent, attributes)

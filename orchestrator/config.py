@@ -12,6 +12,7 @@ from tandem.wire.generation import DRAFT_SHAPES, TREE_RULES, VERIFICATION_MODES
 
 MAX_TREE_NODES = 64  # a tree's nodes (the workers' MAX_GAMMA: drafted tokens per call)
 MAX_AHEAD_GUESSES = 8  # more guesses of a bonus token than the draft's top few rarely come true
+MAX_AHEAD_REJECTIONS = 16  # a block's first positions drafting ahead may draft past a rejection at
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class OrchestratorConfig:
     metrics_host: str = "127.0.0.1"  # the interface the metrics listen on
     draft_ahead: bool = True  # draft past each block while the target verifies it (cycle.py)
     ahead_guesses: int = 1  # guesses of a block's bonus token that drafting ahead drafts past, a chain under each
+    # A block's first positions at which drafting ahead also drafts past a rejection (a guess of the
+    # recovered token, a chain under it); 0: only past the whole block accepted.
+    ahead_rejections: int = 8
     verification: str = "block"  # how drafted blocks are accepted unless a request says: "token" or "block"
     draft_shape: str = "chain"  # what cycles draft unless a request says: "chain", "tree" or "auto"
     # A token tree's children per node at depths 1, 2, …, then 1 (a chain under every leaf) down to γ.
@@ -69,6 +73,8 @@ class OrchestratorConfig:
             raise ValueError(f"max_gamma must be in [0, 64], got {self.max_gamma}")
         if not 1 <= self.ahead_guesses <= MAX_AHEAD_GUESSES:
             raise ValueError(f"ahead_guesses must be in [1, {MAX_AHEAD_GUESSES}], got {self.ahead_guesses}")
+        if not 0 <= self.ahead_rejections <= MAX_AHEAD_REJECTIONS:
+            raise ValueError(f"ahead_rejections must be in [0, {MAX_AHEAD_REJECTIONS}], got {self.ahead_rejections}")
         if self.draft_shape not in DRAFT_SHAPES:
             raise ValueError(f"draft_shape must be one of {DRAFT_SHAPES}, got {self.draft_shape!r}")
         if self.tree_rule not in TREE_RULES:

@@ -6,15 +6,17 @@ per-cycle critical path (worker caches are soft state, so a commit that fails af
 costs nothing but the call).
 
 While the target verifies a block, the draft worker is idle: the loop has it draft past the
-block as if the target accepts all of it and its bonus token is the draft's own next token
-("drafting ahead"). When that guess comes true, the next cycle's block is ready and the cycle
-goes straight to verify (a chain's: a token tree's cycle does not draft ahead). Exactness does
-not depend on the guess: the block is what a fresh draft call would have proposed after the
-same committed sequence (its draws keyed as that call's would be: ProposeRequest.ahead), so the
-accept/reject step sees the same proposal either way.
-Most guesses miss (all of the block and the bonus must match), so the loop drafts ahead only
-while its session is the only one in flight: with others, the draft worker is not idle, and
-wasted drafts would delay their blocks (measured: 8 sessions in flight, 139 → 105 tokens/s).
+block for the verify's likeliest outcomes ("drafting ahead"): the whole block accepted and the
+bonus token one of the draft's most likely next tokens, and with `ahead_rejections`, the block
+rejected at one of its first positions and the recovered token the draft's next choice there.
+When the outcome is one it guessed, the next cycle's block is ready and the cycle goes straight
+to verify (a chain's: a token tree's cycle does not draft ahead). Exactness does not depend on
+the guesses: the block is what a fresh draft call would have proposed after the same committed
+sequence (its draws keyed as that call's would be: ProposeRequest.ahead), so the accept/reject
+step sees the same proposal either way.
+Most guesses miss, so the loop drafts ahead only while its session is the only one in flight:
+with others, the draft worker is not idle, and wasted drafts would delay their blocks (measured:
+8 sessions in flight, 139 → 105 tokens/s).
 
 Each session sticks to one worker of each pool (`WorkerPool.route`). A worker call that fails
 (UNAVAILABLE, a deadline, a reset stream) moves the session to another worker of that pool,
@@ -93,17 +95,19 @@ class SpeculativeLoop:
     def __init__(
         self, drafts: WorkerPool, targets: WorkerPool, store: SessionStore,
         eos_token_ids: tuple[int, ...], draft_ahead: bool = True, verifier_wait_s: float = 30.0,
-        verifier_drafts: bool = False, ahead_guesses: int = 1,
+        verifier_drafts: bool = False, ahead_guesses: int = 1, ahead_rejections: int = 0,
     ) -> None:
         """verifier_drafts: the verifiers draft (ModelInfo.drafter): each verify call also drafts
         the next cycle's block, and the draft pool is not used. ahead_guesses: how many guesses
-        of a block's bonus token drafting ahead drafts past (ProposeRequest.ahead_guesses)."""
+        of a block's bonus token drafting ahead drafts past (ProposeRequest.ahead_guesses);
+        ahead_rejections: at how many of a block's first positions it drafts past a rejection
+        too (ProposeRequest.ahead_rejections)."""
         self.drafts = drafts
         self.targets = targets
         self.store = store
         self.eos = set(eos_token_ids)
         self.draft_ahead = draft_ahead and not verifier_drafts
-        self.ahead_guesses = ahead_guesses
+        self.ahead_guesses, self.ahead_rejections = ahead_guesses, ahead_rejections
         self.verifier_drafts = verifier_drafts
         self.verifier_wait_s = verifier_wait_s
         self.in_flight = 0  # sessions running in this loop
@@ -196,7 +200,7 @@ class SpeculativeLoop:
         proposal = draft.answer if draft else None
         gamma = len(proposal.draft_tokens) if proposal else 0  # drafted tokens: a tree's nodes
         branched = bool(proposal and proposal.parents)  # a token tree (the drafter may answer a chain)
-        # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead (a chain).
+        # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
         # (alone: the draft worker would otherwise idle through the verify)
         ahead = (self._draft_ahead(s, proposal, here, call.holds_block) if gamma and not branched and self._ahead()
                  else None)
@@ -221,10 +225,10 @@ class SpeculativeLoop:
         s.cycle += 1
         # 5. Settle the draft-ahead call (a session has one draft call in flight at a time): the
         #    next block if a guess came true. The draft cache holds the block's first γ−1 tokens,
-        #    all γ once a draft-ahead call fed the last, and the bonus too on a hit of a chain (a
+        #    all γ once a draft-ahead call fed the last, and the guess too on a hit of a chain (a
         #    hit among several guesses leaves it in a tree's layout: the next call feeds it).
-        ahead_reply, block = await self._settle(s, ahead, accepted == gamma) if ahead else (None, None)
-        laid_out = bool(block and ahead_reply.answer.parents)
+        ahead_reply, block = await self._settle(s, ahead, gamma, accepted) if ahead else (None, None)
+        laid_out = bool(block) and ahead_reply.answer.parents.count(-1) > 1
         if self.verifier_drafts:
             block = self._next_block(s, verify, accepted, new)
         if block:
@@ -247,6 +251,8 @@ class SpeculativeLoop:
         costs = _costs(record, draft, verify, per_event, depth)
         if ahead_reply and accepted == gamma:  # a guess of the bonus was made: whether it came true
             costs.guessed = block is not None
+        elif ahead_reply and accepted in ahead_reply.answer.anchors:  # … of the recovered token
+            costs.recovered = block is not None
         s.policy.observe(costs, len(new))
         following = None if s.finish_reason else self._launch(s, parent, block, holds_block=not laid_out)
         call.span.set_attributes({
@@ -294,28 +300,34 @@ class SpeculativeLoop:
         return Reply(trimmed, 0.0, 0, verify.fed)
 
     def _draft_ahead(self, s: Session, proposal, parent: Context, holds_block: bool) -> asyncio.Future | None:
-        """Start drafting past the block [d_1 … d_γ] as if all of it is accepted: feed d_γ (the
-        draft cache holds d_1 … d_γ−1, or when it does not, what it lacks), draft guesses of the
-        bonus token, then the next cycle's γ tokens after each. None when the next cycle would
-        not draft."""
+        """Start drafting past the block [d_1 … d_γ] for its likeliest outcomes: feed d_γ (the
+        draft cache holds d_1 … d_γ−1, or when it does not, what it lacks; past rejections, the
+        whole block and the token before it, whose rows guess them), draft guesses of the bonus
+        token and of the recovered tokens, then the next cycle's γ tokens after each. None when
+        the next cycle would not draft."""
         gamma = len(proposal.draft_tokens)
         after = s.generated + gamma + 1  # tokens generated should the whole block and a bonus land
         next_gamma = self._gamma(s, after) if after < s.request.max_tokens else 0
         worker = self.drafts.get(s.workers["draft"])
         if not next_gamma or worker is None:
             return None
+        room = MAX_TREE_NODES // (next_gamma + 1)  # guesses the tree has nodes for
+        guesses = max(1, min(self.ahead_guesses, room))
+        rejections = min(self.ahead_rejections, gamma, room - guesses)
         cache_len = len(s.tokens) + gamma - 1 if holds_block else s.cache_lens["draft"]
+        if rejections:
+            cache_len = min(cache_len, len(s.tokens) - 1)
         fed = (s.tokens + list(proposal.draft_tokens))[cache_len:]
-        guesses = max(1, min(self.ahead_guesses, MAX_TREE_NODES // (next_gamma + 1)))
         return asyncio.ensure_future(worker.client.propose(
             s.session_id, cache_len, fed, next_gamma + 1, s.params, parent, ahead=True, epoch=s.epoch,
-            guesses=guesses))
+            guesses=guesses, block=gamma if rejections else 0, rejections=rejections))
 
-    async def _settle(self, s: Session, ahead: asyncio.Future, all_accepted: bool,
+    async def _settle(self, s: Session, ahead: asyncio.Future, gamma: int, accepted: int,
                       ) -> tuple[Reply | None, Reply | None]:
-        """Wait for the draft-ahead call → (its reply, the next block if its guess came true).
-        The reply is None when the call missed the cache or failed, or the generation is over
-        (the call is then cancelled)."""
+        """Wait for the draft-ahead call → (its reply, the next block if the cycle's outcome, its
+        `accepted` tokens of γ and the token after them, was one it guessed). The reply is None
+        when the call missed the cache or failed, or the generation is over (the call is then
+        cancelled)."""
         if s.finish_reason:
             ahead.cancel()
             return None, None
@@ -325,7 +337,7 @@ class SpeculativeLoop:
             return None, None
         if not reply.answer:
             return None, None
-        block = _branch(reply.answer, s.tokens[-1]) if all_accepted else None
+        block = _branch(reply.answer, gamma, accepted, s.tokens[-1])
         return reply, Reply(block, 0.0, 0) if block else None
 
     async def _commit(self, s: Session, new: list[int], record: CycleStats, parent: Context) -> float:
@@ -429,14 +441,17 @@ class SpeculativeLoop:
         return new[:remaining]
 
 
-def _branch(ahead: Proposal, bonus: int) -> Proposal | None:
-    """The block drafted ahead after the guess `bonus`: the chain under that guess (a chain
-    answers one guess, a tree a chain under each: ProposeRequest.ahead_guesses), each token's
-    distribution its parent's row (tandem.math.tree.expanded). None when no guess was `bonus` or
-    nothing follows it (a drafter may propose fewer than asked: an n-gram lookup proposes what it
-    matched, possibly nothing)."""
+def _branch(ahead: Proposal, gamma: int, accepted: int, token: int) -> Proposal | None:
+    """The block drafted ahead for the outcome that accepts `accepted` of the block's γ tokens and
+    ends with `token`: the chain under the guess of that token anchored there (ProposeResponse:
+    a tree whose root's children are the guesses, anchored where not after the whole block; a
+    chain guesses the bonus with its first token), each token's distribution its parent's row.
+    None when no guess was that outcome or nothing follows it (a drafter may propose fewer than
+    asked: an n-gram lookup proposes what it matched, possibly nothing)."""
     parents = ahead.parents or tuple(range(-1, len(ahead.draft_tokens) - 1))
-    guess = next((n for n, (token, up) in enumerate(zip(ahead.draft_tokens, parents)) if up == -1 and token == bonus),
+    roots = [n for n, up in enumerate(parents) if up == -1]
+    anchors = ahead.anchors or [gamma] * len(roots)
+    guess = next((n for n, anchor in zip(roots, anchors) if anchor == accepted and ahead.draft_tokens[n] == token),
                  None)
     child = {up: n for n, up in enumerate(parents) if up >= 0}  # one child per node below the guesses
     nodes = []
@@ -444,7 +459,9 @@ def _branch(ahead: Proposal, bonus: int) -> Proposal | None:
         nodes.append(guess)
     if not nodes:
         return None
-    row = {node: r for r, node in enumerate(tree.expanded(tuple(parents)))}
+    # Whose distribution each row is: a chain's, its tokens' parents; a tree drafted ahead has none for the root.
+    rows = [n for n in tree.expanded(tuple(parents)) if n >= 0] if ahead.parents else parents
+    row = {node: r for r, node in enumerate(rows)}
     dists = [ahead.draft_distributions[row[parents[n]]] for n in nodes] if ahead.draft_distributions else []
     return Proposal([ahead.draft_tokens[n] for n in nodes], [ahead.draft_token_probs[n] for n in nodes], dists, 0.0)
 

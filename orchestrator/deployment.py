@@ -71,7 +71,8 @@ class GenerationService:
         self._ready: asyncio.Task | None = None
         # The policy's settings and the replica's costs (tandem.orchestrator.policy): every
         # session's policy shares these costs and has its own acceptance.
-        self._policy = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma))
+        self._policy = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma),
+                                   ahead_rejections=config.ahead_rejections if config.draft_ahead else 0)
 
     async def _connect(self) -> None:
         await asyncio.gather(self.drafts.start(), self.targets.start())  # once: a retried connect skips it
@@ -85,7 +86,8 @@ class GenerationService:
                                 self.config.draft_shape, self.config.tree_widths, self.config.tree_rule)
         self.loop = SpeculativeLoop(self.drafts, self.targets, self.store, target_info.eos_token_ids,
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s,
-                                    verifier_drafts=bool(target_info.drafter), ahead_guesses=self.config.ahead_guesses)
+                                    verifier_drafts=bool(target_info.drafter), ahead_guesses=self.config.ahead_guesses,
+                                    ahead_rejections=self.config.ahead_rejections)
         self.model = Path(target_info.model).name  # gen_ai.request.model and the OpenAI API's model id
         metrics.serve_model(self.model)
         drafter = f"{target_info.drafter} {target_info.draft_model} in the verifier" if target_info.drafter else \

@@ -22,10 +22,12 @@ cannot win back. A drafting cycle that accepts a token brings the wait back to `
 is learned along the accepted path, whatever the draft's shape (a token tree's is a path γ deep).
 
 Drafting ahead (tandem.orchestrator.cycle: alone, the draft worker drafts the next block while the
-target verifies this one) saves the next cycle's draft call when the whole block is accepted
-and the draft guessed the bonus token: with probability α^γ · g, g the replica's measured rate
-of right guesses after a full accept. Across a network that call is a round trip; charging it
-to every drafting cycle made γ = 0 look better than it was.
+target verifies this one) saves the next cycle's draft call when the verify ends as one of its
+guesses did: the whole block accepted and the bonus token guessed (α^γ · g, g the replica's
+measured rate of right guesses after a full accept), or, past rejections, the block rejected at
+one of its first `ahead_rejections` positions and the recovered token guessed ((1 − α^min(γ, R))
+· h, h the replica's rate of right guesses after a rejection there). Across a network that call
+is a round trip; charging it to every drafting cycle made γ = 0 look better than it was.
 
 Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
 cost of its drafting cycles, and drafts the shape that has given more tokens per millisecond,
@@ -115,6 +117,7 @@ class CycleCosts:
     latency_ms: float = 0.0  # the verify call's and the orchestration's, likewise
     drafted_ahead: bool = False  # the block was drafted during the last verify: no draft cost here
     guessed: bool | None = None  # after a full accept with a draft-ahead: whether it guessed the bonus
+    recovered: bool | None = None  # after a rejection it drafted past: whether it guessed the recovered token
     tree: bool = False  # the draft was a token tree γ deep (gamma: its depth)
     draft_fed: int = 1  # committed tokens each call fed its worker besides the block
     verify_fed: int = 1
@@ -202,19 +205,24 @@ class PoolCosts:
 @dataclass
 class PairAcceptance:
     """What the replica has seen of its draft against its target, from every session's cycles:
-    the decayed accepted and verified tokens, and how often drafting ahead guessed the bonus."""
+    the decayed accepted and verified tokens, and how often drafting ahead guessed the bonus
+    and the recovered token."""
 
     decay: float = 0.98  # per cycle observed: slower than a session's, it pools many sessions
     accepted: float = 0.0
     verified: float = 0.0
     guesses: float = 0.0  # fully accepted blocks that had drafted ahead
     hits: float = 0.0  # … and whose bonus token was the draft's guess
+    rejections: float = 0.0  # blocks rejected at a position drafting ahead had drafted past
+    recoveries: float = 0.0  # … and whose recovered token was the draft's guess
 
-    def observe(self, accepted: int, verified: int, guessed: bool | None) -> None:
+    def observe(self, accepted: int, verified: int, guessed: bool | None, recovered: bool | None = None) -> None:
         d = self.decay
         self.accepted, self.verified = d * self.accepted + accepted, d * self.verified + verified
         if guessed is not None:
             self.guesses, self.hits = d * self.guesses + 1, d * self.hits + guessed
+        if recovered is not None:
+            self.rejections, self.recoveries = d * self.rejections + 1, d * self.recoveries + recovered
 
 
 @dataclass
@@ -228,6 +236,7 @@ class GammaPolicy:
     pair_weight: float = 8.0  # verified tokens' worth of the replica's α behind a session's
     decay: float = 0.9  # per cycle: older evidence fades so the policy follows the text
     probe_every: int = 8
+    ahead_rejections: int = 0  # a block's first positions drafting ahead drafts past a rejection at
     # Decayed acceptance evidence.
     accepted: float = 0.0
     verified: float = 0.0
@@ -259,10 +268,15 @@ class GammaPolicy:
 
     def ahead_rates(self, top: int) -> list[float]:
         """Per γ ≤ top, the probability that a drafting cycle finds its block drafted ahead: the last
-        block fully accepted (α^γ) and its bonus guessed (the replica's rate, α before it has one)."""
+        block fully accepted (α^γ) and its bonus guessed, or rejected at one of its first
+        ahead_rejections positions (1 − α^min(γ, R)) and its recovered token guessed (the
+        replica's rates; before it has them, α and α / 2: the draft's next choice is right less
+        often than its first)."""
         alpha, pair = self.alpha, self.pair
-        guessed = (pair.hits + 2.0 * alpha) / (pair.guesses + 2.0)
-        return [alpha ** g * guessed if g else 0.0 for g in range(top + 1)]
+        bonus = (pair.hits + 2.0 * alpha) / (pair.guesses + 2.0)
+        recovered = (pair.recoveries + alpha) / (pair.rejections + 2.0)
+        return [alpha ** g * bonus + (1.0 - alpha ** min(g, self.ahead_rejections)) * recovered if g else 0.0
+                for g in range(top + 1)]
 
     def tokens_per_ms(self, gamma: int, ahead: bool = False) -> float:
         return self.rates(gamma, ahead)[gamma]
@@ -308,7 +322,7 @@ class GammaPolicy:
         self.verified = self.decay * self.verified + verified
         if c.gamma:
             self._observe_shape(c, output_tokens)
-            self.pair.observe(c.accepted, verified, c.guessed)
+            self.pair.observe(c.accepted, verified, c.guessed, c.recovered)
         self.costs.observe(c)
 
     def _observe_probe(self, c: CycleCosts) -> None:

@@ -8,7 +8,7 @@ from tandem.math.rng import Purpose, cycle_uniforms
 from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
 from tandem.services.runtime import Step
-from tandem.services.sampler import Branch, Draw
+from tandem.services.sampler import Branch, Draw, Top
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -18,19 +18,18 @@ from tandem.wire.validation import check_context, invalid
 
 def propose(
     session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-    step: type[Step] = Step, ahead: bool = False,
+    step: type[Step] = Step,
 ) -> Job:
     """The job (tandem.services.batching) that drafts gamma tokens after the committed
     sequence, one step per drafted token, each drawn with the round's others
     (tandem.services.sampler.Draw) → a Proposal. Raises CacheMiss. step: the kind of Step it
-    yields (the hybrid drafter marks those its model runs). ahead: the first drafted token
-    guesses a bonus token, and the block after it is keyed as its own cycle's.
+    yields (the hybrid drafter marks those its model runs).
 
     The cache ends holding the committed tokens and the first γ−1 drafted ones (the last
     drafted token is never fed: the verifier may reject it).
     """
     position = cache_len + len(tokens)  # absolute position of the first drafted token
-    u = [] if params.greedy else draw_uniforms(params.seed, position, gamma, ahead)
+    u = [] if params.greedy else draw_uniforms(params.seed, position, gamma)
     drawn = yield step(session_id, cache_len, tokens, keep=1, ask=Draw(params, u[0] if u else 0.0))
     draws = [drawn]
     for i in range(1, gamma):
@@ -42,33 +41,58 @@ def propose(
     return wire.Proposal([d.token for d in draws], [d.prob for d in draws], packed, 0.0)
 
 
-def draw_uniforms(seed: int, position: int, gamma: int, ahead: bool = False) -> list[float]:
+def draw_uniforms(seed: int, position: int, gamma: int) -> list[float]:
     """The uniforms of a chain's γ draws from `position` on, keyed by the cycle they draft for
-    (tandem.math.rng): the one starting there, or when drafting ahead, the guess's own, then
-    the next cycle's from the position after it."""
-    if not ahead:
-        return cycle_uniforms(seed, position, gamma, Purpose.DRAFT)
-    return cycle_uniforms(seed, position, 1, Purpose.DRAFT) + cycle_uniforms(seed, position + 1, gamma - 1,
-                                                                           Purpose.DRAFT)
+    (tandem.math.rng): the one whose first drafted token sits there."""
+    return cycle_uniforms(seed, position, gamma, Purpose.DRAFT)
 
 
 def propose_ahead(
-    session_id: str, cache_len: int, tokens: list[int], gamma: int, guesses: int, params: SamplingParams,
-    step: type[Step] = Step,
+    session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams, guesses: int = 1,
+    block: int = 0, rejections: int = 0, step: type[Step] = Step,
 ) -> Job:
-    """The job that drafts past a block under verification for several of its outcomes: the
-    block accepted whole with each of `guesses` guesses of its bonus token (a node's children by
-    the greedy tree rule: the draft's most likely tokens but one, and one drawn from the rest),
-    each guess followed by γ − 1 tokens drawn as a call drafting after that guess would draw
-    them (tandem.math.rng: one uniform per position, whichever guess it follows) → a token tree
-    of widths (guesses, 1, …, 1). Raises CacheMiss.
+    """The job that drafts past a block under verification for its likeliest outcomes, each
+    ending with a guess of the token the verify will end with (tandem.services.sampler.Top):
+    the block accepted whole, then each of the draft's `guesses` most likely next tokens (the
+    bonus); and for each of the block's first `rejections` positions j, its first j tokens
+    accepted, then the draft's most likely token there other than the drafted one (the
+    recovered token). Under each guess it drafts γ − 1 tokens, drawn as a call drafting after
+    that guess would draw them (tandem.math.rng: keyed by the position they start at) → a token
+    tree whose root's children are the guesses, anchored (Proposal.anchors) where rejections
+    were drafted past. Raises CacheMiss.
 
-    One guess is `propose(..., ahead=True)` laid out as a tree; a chain keeps its cache, so the
-    draft worker calls that one."""
-    position = cache_len + len(tokens)  # absolute position of the guesses
-    u = None if params.greedy else draw_uniforms(params.seed, position, gamma, ahead=True)
-    return (yield from propose_tree(session_id, cache_len, tokens, [guesses] + [1] * (gamma - 1), params, step,
-                                    "greedy", u))
+    `tokens` end with the block (its last `block`; with rejections, the token before it as well,
+    whose row drafts its first position). One step reads the guesses; then one step per depth
+    runs every chain's next node under the tree mask, the block itself the tree's trunk where a
+    guess hangs inside it. The cache ends holding the committed tokens and the block, then the
+    tree's nodes but the last depth's."""
+    trunk = block if rejections else 0  # the block's tokens, as the tree's first nodes
+    root = cache_len + len(tokens) - trunk  # where the tree hangs: before the block, or after it
+    count = max(guesses, 2 if rejections else 1)
+    tops = yield step(session_id, cache_len, tokens, keep=trunk + 1, ask=Top(params, count))
+    drafted = tokens[len(tokens) - trunk:]
+    # (anchor: the block's tokens before the guess, the guess, its draft probability)
+    chosen = [(trunk, token, prob) for token, prob in tops[-1][:guesses]]
+    for j in range(rejections):
+        chosen += [(j, token, prob) for token, prob in tops[j] if token != drafted[j]][:1]
+    parents = list(range(-1, trunk - 1)) + [anchor - 1 for anchor, _, _ in chosen]  # the trunk a chain
+    nodes, probs = [token for _, token, _ in chosen], [prob for _, _, prob in chosen]
+    # A guess at the tree's depth d sits at position root + d − 1; the chain after it starts next.
+    u = [None if params.greedy else draw_uniforms(params.seed, root + anchor + 1, gamma - 1) for anchor, _, _ in chosen]
+    frontier, dists = list(range(trunk, len(parents))), []
+    for depth in range(gamma - 1 if chosen else 0):
+        drawing = () if params.greedy else tuple(chain[depth] for chain in u)
+        branched = yield step(session_id, root + len(parents) - len(frontier), [nodes[n - trunk] for n in frontier],
+                              keep=len(frontier), parents=tuple(parents),
+                              ask=Branch(params, 1, drawing, "greedy"))  # one child: a draw, as a chain's
+        parents += frontier
+        frontier = list(range(len(parents) - len(frontier), len(parents)))
+        nodes += [kids[0] for kids in branched.children]
+        probs += [p[0] for p in branched.probs]
+        dists += branched.distributions
+    anchors = [anchor for anchor, _, _ in chosen] if rejections else []
+    return wire.Proposal(nodes, probs, dists, 0.0, parents=[max(p - trunk, -1) for p in parents[trunk:]],
+                         anchors=anchors)
 
 
 def propose_tree(
@@ -123,19 +147,35 @@ def drafted(request) -> int:
     """The tokens a checked ProposeRequest asks for: gamma, or its tree's nodes."""
     if request.tree_widths:
         return tree.size(list(request.tree_widths))
-    return request.gamma * max(1, request.ahead_guesses)
+    return request.gamma * (guesses(request) + request.ahead_rejections if request.ahead else 1)
 
 
 def guesses(request) -> int:
-    """A ProposeRequest's guesses of the bonus token (ahead_guesses; 0 is 1), or INVALID_ARGUMENT."""
-    if request.ahead_guesses > 1 and not request.ahead:
-        raise invalid("ahead_guesses", "guesses a block's bonus token: needs ahead")
-    if request.ahead_guesses > 1 and request.tree_widths:
-        raise invalid("ahead_guesses", "drafts a chain under each guess: not with tree_widths")
-    if request.ahead_guesses * request.gamma > MAX_GAMMA:
-        raise invalid("ahead_guesses", f"{request.ahead_guesses} guesses × gamma {request.gamma} nodes; "
-                                       f"at most {MAX_GAMMA}")
-    return max(1, request.ahead_guesses)
+    """A ProposeRequest's guesses of the bonus token (ahead_guesses; 0 is 1), or INVALID_ARGUMENT
+    naming the ahead field that does not fit."""
+    if not request.ahead:
+        for name in ("ahead_guesses", "ahead_block", "ahead_rejections"):
+            if getattr(request, name):
+                raise invalid(name, "drafts past a block under verification: needs ahead")
+        return 1
+    if request.tree_widths:
+        raise invalid("tree_widths", "a tree of its own: not with ahead (a chain under each guess)")
+    if request.ahead_rejections > request.ahead_block:
+        raise invalid("ahead_rejections", f"{request.ahead_rejections} rejections in a block of {request.ahead_block} "
+                                          "(ahead_block)")
+    if request.ahead_rejections and request.ahead_block >= len(request.tokens):
+        raise invalid("ahead_block", f"{request.ahead_block} tokens: `tokens` holds the block and the token before "
+                                     f"it, {len(request.tokens)} in all")
+    k = max(1, request.ahead_guesses)
+    if (k + request.ahead_rejections) * request.gamma > MAX_GAMMA:
+        raise invalid("ahead_guesses", f"({k} guesses + {request.ahead_rejections} rejections) × gamma "
+                                       f"{request.gamma} nodes; at most {MAX_GAMMA}")
+    return k
+
+
+def ahead(request) -> dict:
+    """A checked ProposeRequest's outcomes to draft past (propose_ahead's keywords)."""
+    return {"guesses": guesses(request), "block": request.ahead_block, "rejections": request.ahead_rejections}
 
 
 def check_tree_widths(widths: list[int], gamma: int, name: str = "tree_widths", depth: str = "gamma") -> None:
@@ -177,14 +217,14 @@ class DraftWorkerServicer(WorkerServicer, worker_pb2_grpc.DraftWorkerServicer):
 
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
         """The job that answers a checked request, and how many probabilities it returns."""
-        widths, k = list(request.tree_widths), guesses(request)
+        widths = list(request.tree_widths)
         args = (request.session_id, request.cache_len, list(request.tokens))
         if is_tree(widths):
             job = propose_tree(*args, widths, params, rule=tree_rule(request))
-        elif k > 1:
-            job = propose_ahead(*args, request.gamma, k, params)
+        elif request.ahead:
+            job = propose_ahead(*args, request.gamma, params, **ahead(request))
         else:
-            job = propose(*args, request.gamma, params, ahead=request.ahead)
+            job = propose(*args, request.gamma, params)
         return job, self.returned_probs(request, params)
 
     def returned_probs(self, request, params: SamplingParams) -> int:

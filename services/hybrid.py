@@ -75,29 +75,29 @@ class HybridRuntime(NgramRuntime):
 
 
 def propose(session_id: str, cache_len: int, tokens: list[int], gamma: int, params: SamplingParams,
-            runtime: HybridRuntime, widths: list[int] = (), ahead: bool = False, rule: str = "rrsw",
-            guesses: int = 1) -> Job:
+            runtime: HybridRuntime, widths: list[int] = (), rule: str = "rrsw", ahead: dict | None = None) -> Job:
     """The job that drafts γ tokens: up to γ by lookup when the context's suffix occurred
     before, else γ by the model after feeding it what its cache lacks (a tree of these widths
     when they branch) → a Proposal. Raises CacheMiss. The list ends holding the context, and
-    the block's drafts but the last after a chain. ahead: the draft worker's (propose); rule: a
-    sampled tree's (propose_tree); guesses: of a bonus token, drafting ahead (propose_ahead; a
-    lookup answers one chain)."""
+    the block's drafts but the last after a chain. rule: a sampled tree's (propose_tree); ahead:
+    a draft past a block under verification, its outcomes (draft_worker.propose_ahead's
+    keywords; a lookup answers one chain, its first token the bonus's guess)."""
     context = yield Step(session_id, cache_len, tokens)
     drafted = runtime.lookup.propose(context, gamma)
     if drafted:
         if len(drafted) > 1:
             yield Step(session_id, len(context), drafted[:-1])
         return one_hot(drafted, params)
-    fed = min(runtime.fed(session_id), len(context) - 1)  # feed one token at least: its logits draft
+    # Feed one token at least, its logits draft (past rejections: the block and the token before it).
+    rows = 1 + (ahead["block"] if ahead and ahead["rejections"] else 0)
+    fed = min(runtime.fed(session_id), len(context) - rows)
     if draft_worker.is_tree(widths):
         return (yield from draft_worker.propose_tree(session_id, fed, context[fed:], widths, params, step=ModelStep,
                                                      rule=rule))
-    if guesses > 1:
-        return (yield from draft_worker.propose_ahead(session_id, fed, context[fed:], gamma, guesses, params,
+    if ahead:
+        return (yield from draft_worker.propose_ahead(session_id, fed, context[fed:], gamma, params, **ahead,
                                                       step=ModelStep))
-    return (yield from draft_worker.propose(session_id, fed, context[fed:], gamma, params, step=ModelStep,
-                                            ahead=ahead))
+    return (yield from draft_worker.propose(session_id, fed, context[fed:], gamma, params, step=ModelStep))
 
 
 class HybridDraftServicer(DraftWorkerServicer):
@@ -106,8 +106,8 @@ class HybridDraftServicer(DraftWorkerServicer):
     def draft(self, request, params: SamplingParams) -> tuple[Job, int]:
         widths = list(request.tree_widths)
         job = propose(request.session_id, request.cache_len, list(request.tokens), request.gamma, params,
-                      self.runtime, widths, request.ahead, draft_worker.tree_rule(request),
-                      draft_worker.guesses(request))
+                      self.runtime, widths, draft_worker.tree_rule(request),
+                      draft_worker.ahead(request) if request.ahead else None)
         return job, self.returned_probs(request, params)
 
 

@@ -1,7 +1,8 @@
 """What the workers compute from logits, for every step of a round at once.
 
 A job's step carries an ask (tandem.services.runtime.Step.ask): draw a drafted token (`Draw`),
-draw a tree depth's children (`Branch`), check a drafted chain (`Check`) or tree (`CheckTree`).
+draw a tree depth's children (`Branch`), guess what follows a row (`Top`), check a drafted chain
+(`Check`) or tree (`CheckTree`).
 After a forward pass, `answer` takes every ask of the pass together: one warp of all the rows
 that sample, each with its own temperature, top-k and top-p (tandem.math.sampling.warp_rows),
 one argmax of all the rows that are greedy, then each kind's draws and verdicts over all of its
@@ -61,6 +62,17 @@ class Branched:
     children: list[list[int]]  # per row
     probs: list[list[float]]  # each child's draft probability (1 greedy)
     distributions: list  # per row, packed; empty greedy
+
+
+@dataclass(frozen=True)
+class Top:
+    """Guesses of the token after each of the step's rows: its `count` most likely tokens by the
+    draft, most likely first, leaving out those it cannot draft (−inf logits: a draft's tokens
+    outside the target's vocabulary) → per row [(token, its draft probability)] (greedy: the
+    one-hot draft's, 1 for the first and 0 for the others)."""
+
+    params: SamplingParams
+    count: int
 
 
 @dataclass(frozen=True)
@@ -185,6 +197,23 @@ def _cut(values: list, sizes: list[int]) -> list[list]:
     return [values[a:b] for a, b in zip(starts, starts[1:])]
 
 
+def _tops(asks: list[Top], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list[list]:
+    # The logits' order is the warped distribution's: temperature, top-k and top-p keep it.
+    index = _index((r for span in spans for r in span), rows)
+    logits, tokens = rows.index_select(0, index).topk(min(max(a.count for a in asks), rows.shape[-1]), -1)
+    logits, tokens = logits.tolist(), tokens.tolist()
+    out, row = [], 0
+    for ask, span in zip(asks, spans):
+        guesses = []
+        for r in span:
+            top = [t for t, logit in zip(tokens[row][:ask.count], logits[row][:ask.count]) if logit > float("-inf")]
+            probs = [float(i == 0) for i in range(len(top))] if greedy else values[r, top].tolist()
+            guesses.append(list(zip(top, probs)))
+            row += 1
+        out.append(guesses)
+    return out
+
+
 def _checks(asks: list[Check], spans: list[range], values, rows: torch.Tensor, greedy: bool) -> list[Checked]:
     gammas = [len(a.draft_tokens) for a in asks]
     if greedy:  # one-hot distributions: the target's argmax decides (tandem.math.sampling.verify_greedy)
@@ -264,4 +293,4 @@ def _by_rule(rules_of: list[str], answer) -> list:
     return out
 
 
-_HANDLERS = {Draw: _draws, Branch: _branches, Check: _checks, CheckTree: _check_trees}
+_HANDLERS = {Draw: _draws, Branch: _branches, Top: _tops, Check: _checks, CheckTree: _check_trees}

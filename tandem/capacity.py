@@ -20,6 +20,14 @@ that reached it in one turn (orchestrator_ms each, one after another), those tha
 in the next, and sends each turn's next calls together: sessions answered together move on
 together, as cohorts.
 
+Drafting ahead (Cluster.draft_ahead), as tandem.orchestrator.cycle does it for a session alone in
+its replica: with a drafted block's verify goes a draft-ahead call to its drafter, γ + 1 steps of
+1 + min(γ, ahead_rejections) rows (a chain under a guess of the bonus token and under a guess of
+the recovered token at each of the block's first positions), and the cycle ends once both have
+answered. When the verify ends as a guess did (the block accepted whole and the bonus guessed,
+Costs.bonus_guess of the time; or rejected at a position drafted past and the recovered token
+guessed, Costs.recovered_guess), the next cycle's block is ready: its verify goes at once.
+
 A worker batches continuously, as tandem.services.batching does: while steps wait it runs
 passes back to back; a pass takes the next step of the waiting jobs in arrival order, whole,
 while they fit in max_batch_tokens (the first always, however long), and costs intercept +
@@ -47,8 +55,7 @@ A finite load (load_tokens_per_s) runs a given number of sessions instead, the f
 started together, as a benchmark's client runs them: its tokens/s counts its start and its end.
 
 What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
-prefill of the prompt and its catch-up on a session's first draft call, draft-ahead (drafting the
-next block while this one is verified), adaptive γ (γ is fixed per run; the last cycle does not
+prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed per run; the last cycle does not
 shorten its draft to what the session lacks), token trees, the workers' holding of expected
 sessions (cohorts meet only where one waits for a pass or a replica), a call's CPU per row,
 network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
@@ -108,6 +115,11 @@ class Costs:
     background_ms: float = 0.0
     prompt_tokens: int = 128  # a new session's prefill
     max_batch_tokens: int = 512  # the most tokens one pass takes
+    # Drafting ahead: how often the draft's guess is the verify's last token, after a full accept
+    # (the bonus) and after a rejection it drafted past (the recovered token). None: the γ
+    # policy's priors, α and α / 2 (tandem.orchestrator.policy).
+    bonus_guess: float | None = None
+    recovered_guess: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("draft_pass", "target_pass"):
@@ -115,7 +127,10 @@ class Costs:
             _require(len(line) == 2 and all(0 <= x < math.inf for x in line), name,
                      "must be (intercept, slope), both >= 0")
         _require(sum(self.target_pass) > 0, "target_pass", "must cost > 0 (intercept + slope)")
-        _require(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
+        for name in ("alpha", "bonus_guess", "recovered_guess"):
+            value = getattr(self, name)
+            _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
+                     "must be in [0, 1]")
         for name in ("rtt_ms", "orchestrator_ms", "call_ms", "draft_token_ms", "background_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
@@ -143,6 +158,8 @@ def _kind(name: str, kind: str, value):
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool)
 
+    if value is None and "None" in kind:
+        return None
     if kind.startswith("tuple"):
         _require(isinstance(value, (list, tuple)) and len(value) == 2 and all(map(number, value)), name,
                  "must be (intercept, slope), two numbers")
@@ -152,6 +169,12 @@ def _kind(name: str, kind: str, value):
         return int(value)
     _require(number(value), name, "must be a number")
     return float(value)
+
+
+def _guess_rates(costs: Costs) -> tuple[float, float]:
+    """(bonus_guess, recovered_guess), the policy's priors where not given."""
+    return (costs.alpha if costs.bonus_guess is None else costs.bonus_guess,
+            costs.alpha / 2 if costs.recovered_guess is None else costs.recovered_guess)
 
 
 @dataclass(frozen=True)
@@ -166,10 +189,13 @@ class Cluster:
     # 0: every worker and replica has a processor of its own. n: all of them, passes included,
     # share n cores of one host (a test bed, or CPU workers on one node): _Cores.
     host_cores: int = 0
+    draft_ahead: bool = False  # a session alone in its replica drafts ahead (the module's docstring)
+    ahead_rejections: int = 0  # … past a rejection at each of a block's first positions too
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.drafters, int) and self.drafters >= 0, "drafters", "must be an integer >= 0")
-        _require(isinstance(self.host_cores, int) and self.host_cores >= 0, "host_cores", "must be an integer >= 0")
+        for name in ("drafters", "host_cores", "ahead_rejections"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 0, name, "must be an integer >= 0")
         for name in ("verifiers", "sessions", "replicas", "tokens_per_session"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
@@ -189,6 +215,7 @@ class Prediction:
     drafter_utilization: float | None  # busy fraction, averaged over drafters (None: no drafters)
     verifier_utilization: float
     tokens_per_verify_pass: float
+    drafted_ahead_share: float | None  # drafting cycles whose block was drafted ahead (None: none drafted)
     cycles: int  # measured
     window_ms: float
 
@@ -245,6 +272,7 @@ def _accepted(rng: random.Random, alpha: float, gamma: int) -> int:
 # --- the simulation --------------------------------------------------------------------------
 
 _ARRIVE, _PASS_END, _CYCLE_END, _START, _CALL_END, _FORWARD, _REPLY, _BACKGROUND, _CORES = range(9)
+_DRAFT, _VERIFY, _AHEAD = range(3)  # what a call is
 
 
 class _Cores:
@@ -301,10 +329,10 @@ class _Call:
     """One batched call: the rows a replica sends a worker in one turn, answered together once
     every row has run (tandem.orchestrator.turns, ProposeBatch and VerifyBatch)."""
 
-    __slots__ = ("worker", "rows", "left")
+    __slots__ = ("worker", "kind", "rows", "left")
 
-    def __init__(self, worker: _Worker, rows: list[tuple[int, int, int]]) -> None:
-        self.worker = worker
+    def __init__(self, worker: _Worker, kind: int, rows: list[tuple[int, int, int]]) -> None:
+        self.worker, self.kind = worker, kind  # _DRAFT, _VERIFY or _AHEAD
         self.rows = rows  # (slot, steps, tokens a step)
         self.left = len(rows)  # rows still running
 
@@ -369,62 +397,86 @@ class _Run:
         self.cycle_ms_sum, self.steady_cycles = 0.0, 0
         self.to_start: int | None = None  # a finite load's sessions not started yet (None: no end)
         self.ended_at = 0.0  # when a session last ended
+        # Drafting ahead: the replicas' sessions in flight, each slot's replies still awaited,
+        # whether its cycle drafts ahead and whether its next block is ready.
+        self.in_replica = [len(range(r, s, cluster.replicas)) for r in range(cluster.replicas)]
+        self.awaiting = [0] * s
+        self.ahead = [False] * s
+        self.ready = [False] * s
+        self.guess_rates = _guess_rates(costs)
+        self.drafting_cycles, self.ready_cycles = 0, 0
 
     def at(self, t: float, kind: int, what) -> None:
         heapq.heappush(self.heap, (t, self.tick(), kind, what))
 
     # -- sessions' cycles
 
-    def send(self, calls: dict[_Worker, list[tuple[int, int, int]]]) -> None:
-        """A turn's rows, one batched call per worker, each on its way (half a round trip)."""
-        for worker, rows in calls.items():
-            self.at(self.now + self.half_rtt, _ARRIVE, _Call(worker, rows))
+    def send(self, calls: dict[tuple[_Worker, int], list[tuple[int, int, int]]]) -> None:
+        """A turn's rows, one batched call per worker and kind, each on its way (half a round trip)."""
+        for (worker, kind), rows in calls.items():
+            self.at(self.now + self.half_rtt, _ARRIVE, _Call(worker, kind, rows))
 
     def start_cycles(self, slots: list[int]) -> None:
-        """The slots' next calls, made in one turn of their replica: a prefill's or γ = 0's
-        verify, else a draft."""
-        calls: dict[_Worker, list[tuple[int, int, int]]] = {}
+        """The slots' next calls, made in one turn of their replica: a prefill's, γ = 0's or a
+        block drafted ahead's verify, else a draft."""
+        calls: dict[tuple[_Worker, int], list[tuple[int, int, int]]] = {}
         for slot in slots:
             self.cycle_start[slot] = self.now
             if self.prefill[slot]:
-                row = self.verifiers[slot % len(self.verifiers)], (slot, 1, self.costs.prompt_tokens)
+                self.verify(calls, slot, self.costs.prompt_tokens)
+            elif self.ready[slot]:
+                self.verify(calls, slot, self.gamma + 1, drafted=True)
             elif self.gamma > 0:
-                row = self.drafters[slot % len(self.drafters)], (slot, self.gamma, 1)
+                calls.setdefault((self.drafters[slot % len(self.drafters)], _DRAFT), []).append((slot, self.gamma, 1))
             else:
-                row = self.verifiers[slot % len(self.verifiers)], (slot, 1, 1)
-            calls.setdefault(row[0], []).append(row[1])
+                self.verify(calls, slot, 1)
         self.send(calls)
+
+    def verify(self, calls: dict, slot: int, tokens: int, drafted: bool = False) -> None:
+        """A slot's verify row, and with a drafted block, its draft-ahead row when it drafts ahead."""
+        calls.setdefault((self.verifiers[slot % len(self.verifiers)], _VERIFY), []).append((slot, 1, tokens))
+        self.ahead[slot] = drafted and self.cluster.draft_ahead and self.in_replica[slot % self.cluster.replicas] == 1
+        self.awaiting[slot] = 1 + self.ahead[slot]
+        if self.ahead[slot]:
+            rows = 1 + min(self.gamma, self.cluster.ahead_rejections)  # the bonus's guess, the rejections'
+            calls.setdefault((self.drafters[slot % len(self.drafters)], _AHEAD), []).append(
+                (slot, self.gamma + 1, rows))
 
     def row_done(self, call: _Call) -> None:
         """A row's last step ran; once the call's last has, the worker's CPU answers the call."""
         call.left -= 1
         if call.left == 0:
-            drafted = self.gamma * len(call.rows) if call.worker.drafts else 0
+            drafted = sum(steps * tokens for _, steps, tokens in call.rows) if call.kind != _VERIFY else 0
             self.cores.start(self.costs.call_ms + drafted * self.costs.draft_token_ms, _CALL_END, call)
 
     def call_end(self, call: _Call) -> None:
         slots = [row[0] for row in call.rows]
-        if call.worker.drafts:
-            # The replica sends the blocks on to their verifiers as soon as it has them, in one turn.
-            self.at(self.now + self.half_rtt, _FORWARD, slots)
-        else:
-            self.at(self.now + self.half_rtt, _REPLY, slots)
+        # The replica sends drafted blocks on to their verifiers as soon as it has them, in one turn.
+        self.at(self.now + self.half_rtt, _FORWARD if call.kind == _DRAFT else _REPLY, slots)
 
     def forward(self, slots: list[int]) -> None:
-        calls: dict[_Worker, list[tuple[int, int, int]]] = {}
+        calls: dict[tuple[_Worker, int], list[tuple[int, int, int]]] = {}
         for slot in slots:
-            calls.setdefault(self.verifiers[slot % len(self.verifiers)], []).append((slot, 1, self.gamma + 1))
+            self.verify(calls, slot, self.gamma + 1, drafted=True)
         self.send(calls)
 
     def reply(self, slots: list[int]) -> None:
-        """A verify answer reaches its replica, whose CPU runs orchestrator_ms per cycle: the
-        answers that came while it was busy all at once, next (one turn of its event loop)."""
-        replica = slots[0] % len(self.replica_busy)
+        """Answers reach their replica, whose CPU runs orchestrator_ms per cycle once a cycle has
+        all of them (its verify's, and its draft-ahead's): those whose answers came while it was
+        busy all at once, next (one turn of its event loop)."""
+        done = []
+        for slot in slots:
+            self.awaiting[slot] -= 1
+            if not self.awaiting[slot]:
+                done.append(slot)
+        if not done:
+            return
+        replica = done[0] % len(self.replica_busy)
         if self.replica_busy[replica]:
-            self.replica_queue[replica].extend(slots)
+            self.replica_queue[replica].extend(done)
         else:
             self.replica_busy[replica] = True
-            self.cores.start(len(slots) * self.costs.orchestrator_ms, _CYCLE_END, slots)
+            self.cores.start(len(done) * self.costs.orchestrator_ms, _CYCLE_END, done)
 
     def end_cycles(self, slots: list[int], window: Window | None) -> bool:
         """The turn's cycles end, and their next calls go out together → whether the window is
@@ -462,11 +514,17 @@ class _Run:
                 self.output += self.expected[min(left, self.gamma + 1)]
                 self.cycle_ms_sum += self.now - self.cycle_start[slot]
                 self.steady_cycles += 1
-            self.left[slot] = left - min(left, _accepted(self.rng, self.costs.alpha, self.gamma) + 1)
+                self.drafting_cycles += self.gamma > 0
+                self.ready_cycles += self.ready[slot]
+            accepted = _accepted(self.rng, self.costs.alpha, self.gamma)
+            self.left[slot] = left - min(left, accepted + 1)
+            self.ready[slot] = self.ahead[slot] and self.guessed(accepted)
         if self.left[slot]:
             return True
         self.ended_at = self.now
+        self.ready[slot] = False
         if self.to_start == 0:
+            self.in_replica[slot % self.cluster.replicas] -= 1
             return False
         if self.to_start is not None:
             self.to_start -= 1
@@ -474,6 +532,13 @@ class _Run:
         self.prefill[slot] = True
         self.started[slot] = self.now
         return True
+
+    def guessed(self, accepted: int) -> bool:
+        """Whether a draft-ahead call guessed the outcome that accepted this many of γ."""
+        bonus, recovered = self.guess_rates
+        if accepted == self.gamma:
+            return self.rng.random() < bonus
+        return accepted < self.cluster.ahead_rejections and self.rng.random() < recovered
 
     def counted(self, window: Window) -> bool:
         """A cycle ended: the window begins after the warmup, or a block of it ends → whether
@@ -630,6 +695,7 @@ class _Run:
             drafter_utilization=_utilization(self.drafters, window),
             verifier_utilization=_utilization(self.verifiers, window),
             tokens_per_verify_pass=sum(v.tokens for v in self.verifiers) / verify_passes if verify_passes else 0.0,
+            drafted_ahead_share=self.ready_cycles / self.drafting_cycles if self.drafting_cycles else None,
             cycles=self.cycles,
             window_ms=window,
         )
@@ -746,8 +812,8 @@ def drafter_counts(verifiers: int, max_drafters_per_verifier: float) -> list[int
 
 def plan_cluster(costs: Costs, sessions: int, verifiers: int, max_drafters_per_verifier: float = 2.0,
                  gammas: Iterable[int] = range(0, 9), replicas: int = 1, *, draft_gpu_cost: float = 1.0,
-                 tokens_per_session: int = 256, host_cores: int = 0, seed: int = 0,
-                 precision: float = PRECISION) -> Plan:
+                 tokens_per_session: int = 256, host_cores: int = 0, draft_ahead: bool = False,
+                 ahead_rejections: int = 0, seed: int = 0, precision: float = PRECISION) -> Plan:
     """Simulate every drafter count (drafter_counts) with every γ > 0 of gammas, and plain target
     decoding once, with no drafters (γ = 0 would leave drafters idle, so it is not tried with
     them, whatever gammas holds); recommend the configuration with the most tokens/s per GPU,
@@ -760,7 +826,8 @@ def plan_cluster(costs: Costs, sessions: int, verifiers: int, max_drafters_per_v
     _require(draft_gpu_cost >= 0, "draft_gpu_cost", "must be >= 0")
     rows = []
     for drafters in drafter_counts(verifiers, max_drafters_per_verifier):
-        cluster = Cluster(drafters, verifiers, sessions, replicas, tokens_per_session, host_cores)
+        cluster = Cluster(drafters, verifiers, sessions, replicas, tokens_per_session, host_cores, draft_ahead,
+                          ahead_rejections)
         for gamma in ([0] if drafters == 0 else [g for g in gammas if g > 0]):
             prediction = simulate(costs, cluster, gamma, seed=seed, window=Window.for_cluster(cluster, precision))
             rows.append(PlanRow(drafters, verifiers, gamma, verifiers + draft_gpu_cost * drafters, prediction))

@@ -177,7 +177,9 @@ TREE_RULE_HELP = ("how sampled token trees are drawn and verified unless a reque
                   "and one drawn from the rest, the greedy multi-draft rule (greedy; Hu et al. 2025)")
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
 AHEAD_GUESSES_HELP = ("guesses of a block's bonus token that drafting ahead drafts past, a chain under each: the "
-                      "draft's most likely tokens (sampled: but one, drawn from the rest); default 1")
+                      "draft's most likely tokens after the block; default 1")
+AHEAD_REJECTIONS_HELP = ("a block's first positions at which drafting ahead also drafts past a rejection: a chain "
+                         "under the draft's next choice there, a guess of the recovered token (default 8; 0: none)")
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
                          "as tandem.services.batching; 1: one session per pass)")
 HTTP_PORT_HELP = ("the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models, /health) on Ray "
@@ -316,10 +318,11 @@ def orchestrator_config(args: argparse.Namespace) -> "OrchestratorConfig":
 
 
 def _drafting_options(args: argparse.Namespace) -> dict:
-    """The OrchestratorConfig fields of --verification, --draft-shape, --tree-widths, --tree-rule
-    and --ahead-guesses."""
+    """The OrchestratorConfig fields of --verification, --draft-shape, --tree-widths, --tree-rule,
+    --ahead-guesses and --ahead-rejections."""
     return {"verification": args.verification, "draft_shape": args.draft_shape, "tree_widths": _tree_widths(args),
-            "tree_rule": args.tree_rule, "ahead_guesses": args.ahead_guesses}
+            "tree_rule": args.tree_rule, "ahead_guesses": args.ahead_guesses,
+            "ahead_rejections": args.ahead_rejections}
 
 
 def _tree_widths(args: argparse.Namespace) -> tuple[int, ...]:
@@ -437,10 +440,12 @@ def cmd_plan(args) -> None:
 
 # `tandem plan --cluster`'s own flags besides the costs' (_cost_flags), refused without --cluster.
 PLAN_CLUSTER_FLAGS = ("--sessions", "--verifiers", "--replicas", "--tokens-per-session", "--host-cores",
-                      "--max-drafters-per-verifier", "--draft-gpu-cost", "--costs", "--plot", "--seed")
+                      "--max-drafters-per-verifier", "--draft-gpu-cost", "--draft-ahead", "--ahead-rejections",
+                      "--costs", "--plot", "--seed")
 # Their defaults where a cost flag has none: tandem.capacity.Costs's own.
 PLAN_CLUSTER_DEFAULTS = {"sessions": 64, "verifiers": 4, "replicas": 1, "tokens_per_session": 256, "host_cores": 0,
-                         "max_drafters_per_verifier": 2.0, "draft_gpu_cost": 1.0, "seed": 0}
+                         "max_drafters_per_verifier": 2.0, "draft_gpu_cost": 1.0, "draft_ahead": False,
+                         "ahead_rejections": 8, "seed": 0}
 
 
 def _cost_flags() -> dict[str, str]:
@@ -508,6 +513,7 @@ def _plan_gammas(args) -> list[int]:
               ("--replicas", args.replicas >= 1, ">= 1"),
               ("--tokens-per-session", args.tokens_per_session >= 1, ">= 1"),
               ("--host-cores", args.host_cores >= 0, ">= 0"),
+              ("--ahead-rejections", args.ahead_rejections >= 0, ">= 0"),
               ("--max-drafters-per-verifier", 0 <= args.max_drafters_per_verifier <= 64, "in [0, 64]"),
               ("--draft-gpu-cost", 0 <= args.draft_gpu_cost < float("inf"), ">= 0")]
     if args.gamma is not None:
@@ -539,7 +545,8 @@ def _plan_cluster(args) -> None:
     gammas = _plan_gammas(args)
     plan = plan_cluster(costs, args.sessions, args.verifiers, args.max_drafters_per_verifier, gammas, args.replicas,
                         draft_gpu_cost=args.draft_gpu_cost, tokens_per_session=args.tokens_per_session,
-                        host_cores=args.host_cores, seed=args.seed)
+                        host_cores=args.host_cores, draft_ahead=args.draft_ahead,
+                        ahead_rejections=args.ahead_rejections, seed=args.seed)
     if args.plot:
         plot_plan(plan, args.plot)
     if args.json:
@@ -684,7 +691,8 @@ def _bench_local(args, config, out: Path) -> dict:
                             threads=args.threads, max_gamma=max(8, *config.gammas), echo=False,
                             draft_ahead=not args.no_draft_ahead,
                             options={"max_sessions": max([64, *config.concurrency]),
-                                     "tree_widths": _tree_widths(args), "ahead_guesses": args.ahead_guesses},
+                                     "tree_widths": _tree_widths(args), "ahead_guesses": args.ahead_guesses,
+                                     "ahead_rejections": args.ahead_rejections},
                             worker_args=worker_args,
                             drafter=config.drafter, **verifier_drafting(config.drafter, args))
 
@@ -739,6 +747,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP)
+    up.add_argument("--ahead-rejections", type=int, default=8, help=AHEAD_REJECTIONS_HELP)
     up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     up.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     up.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
@@ -843,6 +852,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     orch.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP)
+    orch.add_argument("--ahead-rejections", type=int, default=8, help=AHEAD_REJECTIONS_HELP)
     orch.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     orch.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     orch.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
@@ -906,6 +916,7 @@ def parser() -> argparse.ArgumentParser:
                             "--address, the label of that cluster's")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")
     bench.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP + " (local cluster)")
+    bench.add_argument("--ahead-rejections", type=int, default=8, help=AHEAD_REJECTIONS_HELP + " (local cluster)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--tracing-overhead", action="store_true",
@@ -961,6 +972,10 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--background-ms", type=float, help="CPU per cycle that no call waits for (streaming the "
                                                              "tokens, Redis's server): it loads --host-cores only "
                                                              "(default 0)")
+    cluster.add_argument("--bonus-guess", type=float, help="drafting ahead: how often the draft's guess of the bonus "
+                                                           "token is right (default: alpha)")
+    cluster.add_argument("--recovered-guess", type=float, help="drafting ahead: how often its guess of a recovered "
+                                                               "token is right (default: alpha / 2)")
     cluster.add_argument("--prompt-tokens", type=int, help="a new session's prefill (default 128)")
     cluster.add_argument("--max-batch-tokens", type=int, help="tokens per pass at most (default 512)")
     cluster.add_argument("--sessions", type=int, help="sessions in flight, closed loop (default 64)")
@@ -972,6 +987,10 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--max-drafters-per-verifier", type=float, help="the most drafters per verifier tried "
                                                                          "(default 2)")
     cluster.add_argument("--draft-gpu-cost", type=float, help="a draft worker's GPU, in verifier GPUs (default 1)")
+    cluster.add_argument("--draft-ahead", action="store_true", default=None, help="a session alone in its replica drafts past "
+                                                                    "its block during the verify, as tandem does")
+    cluster.add_argument("--ahead-rejections", type=int, help="with --draft-ahead: past a rejection at each of a "
+                                                              "block's first N positions too (default 8, as tandem)")
     cluster.add_argument("--plot", metavar="FILE.png", help="tokens/s against drafters per verifier, a line per gamma")
     cluster.add_argument("--seed", type=int, help="the simulation's seed (default 0)")
     plan.set_defaults(func=cmd_plan, usage_error=plan.error)

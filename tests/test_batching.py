@@ -271,38 +271,46 @@ def test_a_round_of_every_kind_of_ask_gives_each_job_its_own_answer(model_dir):
             np.testing.assert_allclose(getattr(b, name, []), getattr(a, name, []), atol=1e-5)
 
 
-def test_a_draft_ahead_drafts_the_block_a_call_from_after_its_guess_would(model_dir):
-    """A chain's draws are keyed per cycle (tandem.math.rng): past its guess of the bonus token, a
-    draft-ahead call draws what a call drafting from the position after the guess draws."""
-    runtime, params = ModelRuntime(model_dir), SamplingParams(temperature=1.0, seed=5)
-    committed = prompt(9, 70)
-    ahead = run_alone(runtime, propose("ahead", 0, committed, 4, params, ahead=True))
-    fresh = run_alone(runtime, propose("fresh", 0, committed + ahead.draft_tokens[:1], 3, params))
-    assert ahead.draft_tokens[1:] == fresh.draft_tokens
-    plain = run_alone(runtime, propose("plain", 0, committed, 4, params))
-    assert plain.draft_tokens[0] == ahead.draft_tokens[0]  # the guess: drawn as the cycle's own first token
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_each_guess_of_a_bonus_token_is_followed_by_the_block_a_call_from_after_it_would_draft(model_dir, temperature):
-    """Drafting ahead for several guesses (ProposeRequest.ahead_guesses): the guesses are a
-    greedy-rule tree's children (the draft's top tokens, sampled: but one, drawn from the rest),
-    and under each the chain a call drafting from after that guess draws, draws keyed by position
-    whichever guess they follow, each with the distribution that call sends."""
-    runtime, params, k = ModelRuntime(model_dir), SamplingParams(temperature=temperature, seed=5), 3
+def test_each_guess_drafted_ahead_is_followed_by_the_block_a_call_from_after_it_would_draft(model_dir, temperature):
+    """Drafting past a block for its outcomes (ProposeRequest.ahead_*): the bonus guesses are the
+    draft's top tokens after the block, a rejection's guess at position j the draft's most likely
+    token there but the drafted one; under each, the chain a call drafting from after that guess
+    draws (draws keyed by position, whichever guess they follow), with the distributions it sends."""
+    runtime, params, gamma = ModelRuntime(model_dir), SamplingParams(temperature=temperature, seed=5), 4
     committed = prompt(9, 70)
-    ahead = run_alone(runtime, propose_ahead("ahead", 0, committed, 4, k, params))
-    assert list(ahead.parents) == [-1] * k + list(range(3 * k))  # widths (k, 1, 1, 1): a chain under each guess
-    guesses = ahead.draft_tokens[:k]
-    top = run_alone(runtime, propose_tree("top", 0, committed, [k], GREEDY)).draft_tokens
-    assert len(set(guesses)) == k and (guesses == top if params.greedy else set(top[:k - 1]) < set(guesses))
+    block = run_alone(runtime, propose("block", 0, committed, gamma, params)).draft_tokens
+
+    def top(n: int, before: list[int]) -> list[int]:  # the draft's n most likely tokens after `before`
+        return run_alone(runtime, propose_tree(f"top-{len(before)}", 0, before, [n], GREEDY)).draft_tokens
+
+    ahead = run_alone(runtime, propose_ahead("ahead", 0, committed + block, 3, params, guesses=2, block=gamma,
+                                             rejections=3))
+    assert ahead.anchors == [gamma, gamma, 0, 1, 2]
+    assert ahead.parents == [-1] * 5 + list(range(10))  # a chain of 2 under each of the 5 guesses
+    guesses = ahead.draft_tokens[:5]
+    assert guesses[:2] == top(2, committed + block)
+    assert guesses[2:] == [next(t for t in top(2, committed + block[:j]) if t != block[j]) for j in range(3)]
     assert (len(ahead.draft_distributions) == 0) == params.greedy
-    for g, guess in enumerate(guesses):
-        fresh = run_alone(runtime, propose(f"fresh-{g}", 0, committed + [guess], 3, params))
-        nodes = [g + k * depth for depth in (1, 2, 3)]
+    for g, (anchor, guess) in enumerate(zip(ahead.anchors, guesses)):
+        fresh = run_alone(runtime, propose(f"fresh-{g}", 0, committed + block[:anchor] + [guess], 2, params))
+        nodes = [g + 5 * depth for depth in (1, 2)]
         assert [ahead.draft_tokens[n] for n in nodes] == fresh.draft_tokens
         np.testing.assert_allclose([ahead.draft_token_probs[n] for n in nodes], fresh.draft_token_probs, atol=1e-5)
-        if not params.greedy:  # a node's distribution is its parent's row, the root's first
-            rows = [ahead.draft_distributions[1 + n - k] for n in nodes]
+        if not params.greedy:  # a node's distribution is its parent's row; the root (the guesses') has none
+            rows = [ahead.draft_distributions[n - 5] for n in nodes]
             np.testing.assert_allclose(distributions.unpack(rows, VOCAB), distributions.unpack(
                 fresh.draft_distributions, VOCAB), atol=1e-5)
+
+
+def test_a_draft_ahead_past_the_whole_block_alone_feeds_only_its_last_token(model_dir):
+    """Without rejections the call needs the block's last token only (the cache holds the rest),
+    and one guess makes a chain, laid out in the cache as a chain call's."""
+    runtime, params = ModelRuntime(model_dir), SamplingParams(temperature=1.0, seed=5)
+    committed = prompt(9, 70)
+    run_alone(runtime, propose("s", 0, committed[:-1], 1, params))  # the cache holds all but the last
+    ahead = run_alone(runtime, propose_ahead("s", len(committed) - 1, committed[-1:], 4, params))
+    assert ahead.parents == [-1, 0, 1, 2] and ahead.anchors == []
+    fresh = run_alone(runtime, propose("fresh", 0, committed + ahead.draft_tokens[:1], 3, params))
+    assert ahead.draft_tokens[1:] == fresh.draft_tokens
+    assert runtime.held("s") == len(committed) + 3

@@ -220,13 +220,13 @@ def test_cli_json(capsys):
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                             "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "background_ms": 0.0,
-                            "prompt_tokens": 128,
+                            "prompt_tokens": 128, "bonus_guess": None, "recovered_guess": None,
                             "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
     row_fields = {"drafters", "verifiers", "drafters_per_verifier", "gamma", "gpus", "tokens_per_s", "tokens_per_s_se",
                   "tokens_per_s_per_gpu", "per_session_tokens_per_s", "ttft_ms", "ttft_p50_ms", "ttft_p90_ms",
-                  "cycle_ms", "drafter_utilization", "verifier_utilization", "tokens_per_verify_pass", "cycles",
-                  "window_ms"}
+                  "cycle_ms", "drafter_utilization", "verifier_utilization", "tokens_per_verify_pass",
+                  "drafted_ahead_share", "cycles", "window_ms"}
     assert all(set(r) == row_fields for r in out["rows"] + out["best_per_ratio"] + [out["recommended"]])
     assert out["recommended"] == max(out["rows"], key=lambda r: r["tokens_per_s_per_gpu"])
     assert out["rows"][0]["drafter_utilization"] is None and out["rows"][1]["drafter_utilization"] > 0
@@ -253,10 +253,11 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
     out = run_json(capsys, *small)
-    assert out["costs"] == measured
+    assert out["costs"] == measured | {"bonus_guess": None, "recovered_guess": None}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 2)]
     over = run_json(capsys, *small, "--rtt-ms", "20", "--target-ms", "9,0.25", "--alpha", "0.5")
-    assert over["costs"] == {**measured, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5}
+    assert over["costs"] == {**measured, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5,
+                             "bonus_guess": None, "recovered_guess": None}
     assert over["rows"][1]["tokens_per_s"] < out["rows"][1]["tokens_per_s"]
 
 
@@ -348,3 +349,50 @@ def test_background_work_loads_shared_cores_only():
         plain = simulate(costs, cluster, 3).tokens_per_s
         loaded = simulate(replace(costs, background_ms=3.0), cluster, 3).tokens_per_s
         assert (loaded < 0.95 * plain) if slower else loaded == plain
+
+
+# --- drafting ahead ------------------------------------------------------------------------------
+
+
+def test_a_lone_session_that_always_guesses_right_only_waits_for_its_verifies():
+    """Every block accepted whole and its bonus guessed: after its first cycle every cycle's
+    block was drafted ahead, so a cycle is its verify call or its draft-ahead call, whichever is
+    longer (they run side by side), and the orchestrator's time."""
+    costs = Costs(draft_pass=(2.0, 0.5), target_pass=(20.0, 0.1), alpha=1.0, rtt_ms=10.0, orchestrator_ms=0.5,
+                  call_ms=0.3, draft_token_ms=0.05, bonus_guess=1.0)
+    gamma = 4
+    for draft_pass, slower in (((2.0, 0.5), "verify"), ((8.0, 0.5), "ahead")):
+        c = replace(costs, draft_pass=draft_pass)
+        got = simulate(c, Cluster(1, 1, 1, tokens_per_session=ENDLESS, draft_ahead=True), gamma)
+        verify = 10.0 + 20.0 + 0.1 * (gamma + 1) + 0.3
+        ahead = 10.0 + (gamma + 1) * sum(draft_pass) + 0.3 + (gamma + 1) * 0.05  # γ + 1 steps of one row
+        assert max(verify, ahead) == (verify if slower == "verify" else ahead)
+        assert got.tokens_per_s == pytest.approx(1e3 * (gamma + 1) / (max(verify, ahead) + 0.5), rel=1e-9)
+        assert got.drafted_ahead_share == 1.0
+
+
+def test_guesses_past_rejections_find_more_blocks_ready():
+    """A block is ready after a full accept with its bonus guessed (α^γ · bonus_guess), and with
+    rejections drafted past, after a rejection at one of the first R positions with its recovered
+    token guessed ((1 − α^min(γ, R)) · recovered_guess): the share the simulation finds, and more
+    tokens/s across a round trip. Guesses that never come true save nothing, and where the
+    drafter shares the verifier's core, they slow its verifies."""
+    costs = replace(BUSY, rtt_ms=20.0, bonus_guess=0.7, recovered_guess=0.5)
+    gamma, alpha = 4, BUSY.alpha
+
+    def run(rejections: int, c: Costs = costs, sessions: int = 1, host_cores: int = 0, ahead: bool = True):
+        cluster = Cluster(1, 1, sessions, tokens_per_session=64, host_cores=host_cores, draft_ahead=ahead,
+                          ahead_rejections=rejections)
+        return simulate(c, cluster, gamma)
+
+    plain = run(0, ahead=False)
+    bonus, past = run(0), run(2)
+    assert bonus.drafted_ahead_share == pytest.approx(alpha**gamma * 0.7, abs=0.03)
+    assert past.drafted_ahead_share == pytest.approx(alpha**gamma * 0.7 + (1 - alpha**2) * 0.5, abs=0.03)
+    assert plain.drafted_ahead_share == 0.0 and plain.tokens_per_s < bonus.tokens_per_s < past.tokens_per_s
+    never = replace(costs, bonus_guess=0.0, recovered_guess=0.0)
+    assert run(2, never).drafted_ahead_share == 0.0
+    assert run(2, never).tokens_per_s == pytest.approx(plain.tokens_per_s, rel=0.01)
+    assert run(2, never, host_cores=1).tokens_per_s < 0.95 * run(0, host_cores=1, ahead=False).tokens_per_s
+    # Two sessions in one replica: neither is alone, so neither drafts ahead.
+    assert run(2, sessions=2).drafted_ahead_share == 0.0

@@ -66,7 +66,7 @@ def test_per_cycle_stats_describe_every_cycle(client, pair):
     for before, c in zip([None, *cycles], cycles):  # every part measured, a draft call only where needed
         assert min(c.draft_ms, c.verify_ms, c.redis_ms, c.ahead_ms) >= 0  # transport, orchestration: clamped
         assert (c.draft_ms > 0) == (c.gamma > 0 and not c.drafted_ahead)
-        assert not c.drafted_ahead or (before.accepted == before.gamma and before.ahead_ms > 0)
+        assert not c.drafted_ahead or before.ahead_ms > 0  # after any outcome it guessed (ahead_rejections)
     assert s.accepted_tokens <= s.verified_tokens <= s.drafted_tokens  # totals derived from the cycles
     starts = [c.start_ms for c in cycles]
     assert starts == sorted(starts) and starts[-1] < s.elapsed_s * 1e3

@@ -534,6 +534,7 @@ def test_orchestrator_config_from_the_rendered_pods(rendered, local_files, monke
         assert config.metrics_host == "0.0.0.0"
         assert config.draft_ahead == v["orchestrator"]["draftAhead"]
         assert config.ahead_guesses == v["orchestrator"]["aheadGuesses"]
+        assert config.ahead_rejections == v["orchestrator"]["aheadRejections"]
         assert config.stream_interval == v["orchestrator"]["streamInterval"]
         assert config.verification == v["orchestrator"]["verification"]
         assert config.draft_shape == v["orchestrator"]["draftShape"]

@@ -40,12 +40,13 @@ def test_lost_worker_caches_are_re_prefilled_and_output_stays_exact(workers, red
     assert record.workers == {"draft": workers["draft"], "target": workers["target"]}
 
 
-def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40, guesses=1):
+def _generate(workers, redis_url, pair, prompt, params, gamma, draft_ahead, session_id, max_tokens=40, guesses=1,
+              rejections=0):
     """One session through the loop → (tokens, per-cycle stats, its γ policy)."""
 
     async def run():
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],),
-                                draft_ahead=draft_ahead, ahead_guesses=guesses) as loop:
+                                draft_ahead=draft_ahead, ahead_guesses=guesses, ahead_rejections=rejections) as loop:
             s = await open_session(loop, session_id, prompt, params, max_tokens, gamma)
             out = await generate(loop, s)
             await release(loop, s)
@@ -99,6 +100,32 @@ def test_drafting_ahead_for_several_guesses_changes_no_token_and_comes_true_more
     for gamma in (2, 3):
         assert hits[0.0, gamma, 3] >= hits[0.0, gamma, 1]
     assert sum(hits[0.0, gamma, 3] - hits[0.0, gamma, 1] for gamma in (2, 3)) > 0
+
+
+def test_drafting_ahead_past_rejections_changes_no_token_and_comes_true_after_them(workers, redis_url, pair):
+    """Drafting past a rejection at each of a block's positions too: still the tokens of no
+    drafting ahead, greedy and sampled. Blocks drafted ahead now follow cycles that rejected a
+    token (the draft's next choice was the target's), each of which leaves the draft cache in a
+    tree's layout that the next calls feed past; greedy at a fixed γ every hit of the bonus
+    alone is still a hit, and there are more; the policy learns how often a recovered token is
+    guessed."""
+    hits = {}
+    for i, (temperature, gamma) in enumerate([(0.0, 2), (0.0, 4), (1.0, 3)]):
+        prompt = pair["prompts"][i + 2]
+        params = SamplingParams(temperature=temperature, seed=300 + i)
+        off, _, _ = _generate(workers, redis_url, pair, prompt, params, gamma, False, f"rejections-off-{i}")
+        for rejections in (0, gamma):
+            on, cycles, policy = _generate(workers, redis_url, pair, prompt, params, gamma, True,
+                                           f"rejections-{rejections}-{i}", rejections=rejections)
+            assert on == off
+            after = [c for before, c in zip(cycles, cycles[1:]) if c.drafted_ahead and before.accepted < before.gamma]
+            hits[temperature, gamma, rejections] = sum(c.drafted_ahead for c in cycles), len(after)
+            assert (policy.pair.rejections > 0) == (rejections > 0)
+            assert policy.pair.recoveries <= policy.pair.rejections
+            assert (policy.pair.recoveries > 0) == (len(after) > 0)
+    for gamma in (2, 4):
+        assert hits[0.0, gamma, 0][1] == 0 and hits[0.0, gamma, gamma][0] >= hits[0.0, gamma, 0][0]
+    assert sum(hits[0.0, gamma, gamma][1] for gamma in (2, 4)) > 0
 
 
 def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url, pair):

@@ -468,6 +468,31 @@ def test_drafting_ahead_saves_the_draft_call_it_guesses():
     assert max(replica.for_session().ahead_rates(8)) < 0.05
 
 
+def test_drafting_ahead_past_rejections_saves_the_draft_call_after_them_too():
+    """Past rejections at a block's first R positions, a block drafted ahead is also ready when
+    the block is rejected there, 1 − α^min(γ, R) of the time, and the recovered token guessed
+    (the replica's rate): the policy charges drafting that much less again, and no less than
+    without them; a session that never guesses the recovered token saves nothing by them."""
+    replica = replica_that_saw([4, 3, 4, 2] * 10, ahead_rejections=2)
+    for recovered in [True, False, True] * 10:
+        replica.for_session().observe(replace(remote_cycle(4, 1), recovered=recovered))
+    policy = replica.for_session()
+    alpha, pair = policy.alpha, policy.pair
+    bonus = (pair.hits + 2 * alpha) / (pair.guesses + 2)
+    recovered = (pair.recoveries + alpha) / (pair.rejections + 2)
+    assert 0.6 < recovered < 0.7
+    rates, bonus_only = policy.ahead_rates(8), replace(policy, ahead_rejections=0).ahead_rates(8)
+    assert rates[0] == 0.0
+    for g in range(1, 9):
+        assert rates[g] == pytest.approx(alpha ** g * bonus + (1 - alpha ** min(g, 2)) * recovered)
+        assert rates[g] > bonus_only[g]
+    assert policy.tokens_per_ms(4, ahead=True) > replace(policy, ahead_rejections=0).tokens_per_ms(4, ahead=True)
+    for _ in range(300):
+        replica.for_session().observe(replace(remote_cycle(4, 0), recovered=False))
+    never = replica.for_session()
+    assert never.ahead_rates(8)[4] == pytest.approx(replace(never, ahead_rejections=0).ahead_rates(8)[4], abs=0.01)
+
+
 def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
     """A drafting cycle makes one call more, and the orchestrator's CPU is mostly per call: its
     draft call's share is learned from drafting cycles and charged to γ > 0 only."""

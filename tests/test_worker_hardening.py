@@ -373,11 +373,20 @@ PROPOSE_CASES = _sequence_cases(propose, 3, 5) | {
     "gamma-past-context": (propose(tokens=[5] * (MAX_CONTEXT - 1), gamma=3), OUT_OF_RANGE, "gamma"),
     "ahead-guesses-3": (propose(ahead=True, ahead_guesses=3), OK, ""),
     "ahead-guesses-not-ahead": (propose(ahead_guesses=3), INVALID, "ahead_guesses"),
-    "ahead-guesses-tree": (propose(ahead=True, ahead_guesses=2, tree_widths=[2, 1]), INVALID, "ahead_guesses"),
+    "ahead-tree": (propose(ahead=True, ahead_guesses=2, tree_widths=[2, 1]), INVALID, "tree_widths"),
     "ahead-guesses-65-nodes": (propose(ahead=True, ahead_guesses=13, gamma=5), INVALID, "ahead_guesses"),
     "ahead-guesses-2^32-1": (propose(ahead=True, ahead_guesses=2**32 - 1), INVALID, "ahead_guesses"),
     "ahead-guesses-past-context": (propose(tokens=[5] * (MAX_CONTEXT - 6), gamma=2, ahead=True, ahead_guesses=4),
                                    OUT_OF_RANGE, "gamma"),
+    "ahead-rejections-2": (propose(ahead=True, ahead_block=2, ahead_rejections=2, ahead_guesses=2), OK, ""),
+    "ahead-rejections-not-ahead": (propose(ahead_block=2, ahead_rejections=1), INVALID, "ahead_block"),
+    "ahead-rejections-past-block": (propose(ahead=True, ahead_block=1, ahead_rejections=2), INVALID,
+                                    "ahead_rejections"),
+    "ahead-block-without-its-token": (propose(ahead=True, ahead_block=3, ahead_rejections=1), INVALID, "ahead_block"),
+    "ahead-rejections-65-nodes": (propose(tokens=[5] * 10, ahead=True, ahead_block=8, ahead_rejections=8, gamma=8),
+                                  INVALID, "ahead_guesses"),
+    "ahead-rejections-2^32-1": (propose(ahead=True, ahead_block=2, ahead_rejections=2**32 - 1), INVALID,
+                                "ahead_rejections"),
 }
 
 VERIFY_CASES = _sequence_cases(sampled_verify, 3, 6) | {

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context", "tree_widths", "writer_epoch", "ahead", "tree_rule", "ahead_guesses")
+    __slots__ = ("session_id", "cache_len", "tokens", "gamma", "sampling", "trace_context", "tree_widths", "writer_epoch", "ahead", "tree_rule", "ahead_guesses", "ahead_block", "ahead_rejections")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class ProposeRequest(_message.Message):
     AHEAD_FIELD_NUMBER: _ClassVar[int]
     TREE_RULE_FIELD_NUMBER: _ClassVar[int]
     AHEAD_GUESSES_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -38,10 +40,12 @@ class ProposeRequest(_message.Message):
     ahead: bool
     tree_rule: _sampling_pb2.TreeRule
     ahead_guesses: int
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., ahead: _Optional[bool] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ..., ahead_guesses: _Optional[int] = ...) -> None: ...
+    ahead_block: int
+    ahead_rejections: int
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., ahead: _Optional[bool] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ..., ahead_guesses: _Optional[int] = ..., ahead_block: _Optional[int] = ..., ahead_rejections: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching", "draft_parents")
+    __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching", "draft_parents", "draft_anchors")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +53,7 @@ class ProposeResponse(_message.Message):
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_ANCHORS_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_token_probs: _containers.RepeatedScalarFieldContainer[float]
@@ -56,7 +61,8 @@ class ProposeResponse(_message.Message):
     compute_ms: float
     batching: Batching
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_anchors: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_anchors: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch", "next_gamma", "next_tree_widths", "tree_rule")

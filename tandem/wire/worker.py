@@ -62,6 +62,9 @@ class Proposal:
     compute_ms: float
     batching: Batching = field(default_factory=Batching)
     parents: list[int] = field(default_factory=list)  # a token tree's (tandem.math.tree); empty: a chain
+    # Drafted ahead past rejections: per child of the root, the block's tokens before its guess
+    # (ProposeResponse.draft_anchors); empty: every child of the root guesses the bonus token.
+    anchors: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -96,11 +99,13 @@ def _batching_from_pb(msg: worker_pb2.Batching) -> Batching:
 
 def propose_request(session_id, cache_len, tokens, gamma, params, trace_context=None,
                     tree_widths=(), writer_epoch: int = 0, ahead: bool = False,
-                    tree_rule: str = "", ahead_guesses: int = 0) -> worker_pb2.ProposeRequest:
+                    tree_rule: str = "", ahead_guesses: int = 0, ahead_block: int = 0,
+                    ahead_rejections: int = 0) -> worker_pb2.ProposeRequest:
     return worker_pb2.ProposeRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens, gamma=gamma,
         sampling=sampling_to_pb(params), trace_context=trace_context, tree_widths=tree_widths,
         writer_epoch=writer_epoch, ahead=ahead, tree_rule=TREE_RULE.to_pb(tree_rule), ahead_guesses=ahead_guesses,
+        ahead_block=ahead_block, ahead_rejections=ahead_rejections,
     )
 
 
@@ -114,6 +119,7 @@ def propose_response(proposal: Proposal | None) -> worker_pb2.ProposeResponse:
         compute_ms=proposal.compute_ms,
         batching=_batching_to_pb(proposal.batching),
         draft_parents=proposal.parents,
+        draft_anchors=proposal.anchors,
     )
 
 
@@ -122,7 +128,7 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
         return None
     return Proposal(
         list(msg.draft_tokens), list(msg.draft_token_probs), list(msg.draft_distributions),
-        msg.compute_ms, _batching_from_pb(msg.batching), list(msg.draft_parents),
+        msg.compute_ms, _batching_from_pb(msg.batching), list(msg.draft_parents), list(msg.draft_anchors),
     )
 
 

@@ -494,6 +494,7 @@ prometheus.io/path: /metrics
 {{- $flags = append $flags "--no-draft-ahead" }}
 {{- end }}
 {{- $flags = concat $flags (list "--ahead-guesses" (toString (int $o.aheadGuesses))) }}
+{{- $flags = concat $flags (list "--ahead-rejections" (toString (int $o.aheadRejections))) }}
 {{- if .Values.tls.enabled }}
 {{- $flags = concat $flags (list "--tls-cert" "/etc/tandem/tls/tls.crt" "--tls-key" "/etc/tandem/tls/tls.key" "--tls-ca" "/etc/tandem/tls/ca.crt") }}
 {{- end }}
