@@ -337,20 +337,10 @@ def pass_ms(model_dir: Path, sizes: tuple[int, ...], repetitions: int = 15) -> d
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
-def _line(passes: dict[int, float], low: int, high: int) -> tuple[float, float]:
-    """The (intercept, slope) of pass ms against tokens over [low, high]: a pass on a CPU costs
-    less per token the more it runs, so the line is fitted where the point's passes are."""
-    sizes = [n for n in passes if low <= n <= high] or sorted(passes, key=lambda n: abs(n - high))[:2]
-    if len(sizes) == 1:
-        return passes[sizes[0]], 0.0
-    slope, intercept = np.polyfit(sizes, [passes[n] for n in sizes], 1)
-    return max(float(intercept), 0.0), max(float(slope), 0.0)
-
-
 def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> Costs:
     """A point's costs, none read from its tokens/s or from any run with others in flight:
-    - the passes' lines where its passes lie (a session's γ + 1 tokens up to every session's),
-      and the target's prefill as the tokens its line takes as long as the measured prefill;
+    - the passes as timed, a table per model (a pass here is no line: its matrix kernels change
+      with the rows), the target's with the mean prompt's prefill;
     - α as the i.i.d. rate that gives the mean acceptance length its γ had in the workload's
       lone runs (at every delay: acceptance does not depend on it);
     - from γ = 0's lone cycles: the call's CPU as the verifier's time beyond its pass plus the
@@ -359,9 +349,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       orchestrator's time per cycle;
     - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ;
     - drafting ahead's rates of right guesses (_guess_rates)."""
-    n, workload = point["in_flight"], point["workload"]
-    target = _line(passes["target"], gamma + 1, max(gamma + 2, n * (gamma + 1)))
-    draft = _line(passes["draft"], 1, max(2, n))
+    workload = point["workload"]
     alone = [r for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r["mode"] != "adaptive"]
     same_gamma = [r for r in alone if r["mode"] == point["mode"]]
     alpha = _alpha_for(float(np.mean([r["mean_acceptance_length"] for r in same_gamma])), gamma) if gamma else 0.0
@@ -370,14 +358,13 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     # A cycle's draft time, per cycle that made a draft call (a block drafted ahead made none).
     per_call = [r["cycle"]["draft_ms"] / (1.0 - (r["cycle"].get("drafted_ahead_share") or 0.0)) for r in drafting]
     per_token, _ = np.polyfit([r["mean_gamma"] for r in drafting], per_call, 1)
-    prefill = (passes["target"][prompt] - target[0]) / target[1] if target[1] else prompt
     bonus, recovered = _guess_rates(alone)
-    return Costs(draft_pass=draft, target_pass=target, alpha=alpha, bonus_guess=bonus, recovered_guess=recovered,
+    return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
+                 alpha=alpha, bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
                  orchestrator_ms=plain[0.0]["orchestration_ms"],
                  call_ms=max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"],
-                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
-                 prompt_tokens=max(1, round(prefill)))
+                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]), prompt_tokens=prompt)
 
 
 def _guess_rates(alone: list[dict]) -> tuple[float, float]:

@@ -31,9 +31,12 @@ guessed, Costs.recovered_guess), the next cycle's block is ready: its verify goe
 A worker batches continuously, as tandem.services.batching does: while steps wait it runs
 passes back to back; a pass takes the next step of the waiting jobs in arrival order, whole,
 while they fit in max_batch_tokens (the first always, however long), and costs intercept +
-slope · (its tokens). A γ-token draft takes part in γ passes; a job that arrives during a pass
-waits for the next. call_ms is the worker's CPU outside passes, taken to run beside the device
-(it delays the call, not the passes). Each worker and replica has a processor of its own,
+slope · (its tokens), or what a table of measured passes says (pass_ms). A γ-token draft takes
+part in γ passes; a job that arrives during a pass waits for the next. Before a pass, a worker
+holds it for the sessions due back (answered earlier, their last way round ending within
+HOLD_SHARE of its fixed cost from now) until they come or that time is up, as
+tandem.services.holding does, so that cohorts meet. call_ms is the worker's CPU outside
+passes, taken to run beside the device (it delays the call, not the passes). Each worker and replica has a processor of its own,
 unless the cluster shares a host's cores (Cluster.host_cores, as the test bed's processes share
 2): then passes, calls, the orchestrator's cycles and the background work all run on those
 cores, shared as an OS shares them (_Cores); background_ms counts only there. A drafting cycle
@@ -55,10 +58,9 @@ A finite load (load_tokens_per_s) runs a given number of sessions instead, the f
 started together, as a benchmark's client runs them: its tokens/s counts its start and its end.
 
 What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
-prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed per run; the last cycle does not
-shorten its draft to what the session lacks), token trees, the workers' holding of expected
-sessions (cohorts meet only where one waits for a pass or a replica), a call's CPU per row,
-network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
+prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed
+per run; the last cycle does not shorten its draft to what the session lacks), token trees, a
+call's CPU per row, network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
 tandem's γ policy keeps per worker: orchestrator/policy.py).
 """
 
@@ -101,10 +103,13 @@ def _require(ok: bool, field: str, requirement: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Costs:
-    """What the work costs, in ms, as measured: a pass is intercept + slope · its tokens."""
+    """What the work costs, in ms, as measured. A pass is (intercept, slope): intercept + slope ·
+    its tokens; or a table of measured passes, ((tokens, ms), …) by tokens, read between its
+    points on the line through them (pass_ms): a pass on a CPU is not a line (its matrix kernels
+    change with the rows)."""
 
-    draft_pass: tuple[float, float]
-    target_pass: tuple[float, float]
+    draft_pass: tuple
+    target_pass: tuple
     alpha: float  # the i.i.d. chance that a drafted token is accepted
     rtt_ms: float = 0.0  # orchestrator ↔ worker round trip, once per call
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
@@ -123,10 +128,8 @@ class Costs:
 
     def __post_init__(self) -> None:
         for name in ("draft_pass", "target_pass"):
-            line = getattr(self, name)
-            _require(len(line) == 2 and all(0 <= x < math.inf for x in line), name,
-                     "must be (intercept, slope), both >= 0")
-        _require(sum(self.target_pass) > 0, "target_pass", "must cost > 0 (intercept + slope)")
+            _check_pass(name, getattr(self, name))
+        _require(pass_ms(self.target_pass, 1) > 0, "target_pass", "must cost > 0 (intercept + slope)")
         for name in ("alpha", "bonus_guess", "recovered_guess"):
             value = getattr(self, name)
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
@@ -153,22 +156,47 @@ class Costs:
 
 
 def _kind(name: str, kind: str, value):
-    """A value as its field's type (the dataclass's annotation, a string here): a pass line is
-    two numbers, a float a number, an int an integer; bools are neither."""
+    """A value as its field's type (the dataclass's annotation, a string here): a pass is two
+    numbers or pairs of them, a float a number, an int an integer; bools are neither."""
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool)
 
     if value is None and "None" in kind:
         return None
-    if kind.startswith("tuple"):
-        _require(isinstance(value, (list, tuple)) and len(value) == 2 and all(map(number, value)), name,
-                 "must be (intercept, slope), two numbers")
-        return float(value[0]), float(value[1])
+    if kind == "tuple":
+        _require(isinstance(value, (list, tuple)) and value and (
+            len(value) == 2 and all(map(number, value))
+            or all(isinstance(p, (list, tuple)) and len(p) == 2 and all(map(number, p)) for p in value)), name,
+            "must be (intercept, slope), two numbers, or ((tokens, ms), ...), a table")
+        if number(value[0]):
+            return float(value[0]), float(value[1])
+        return tuple((p[0], float(p[1])) for p in value)
     if kind == "int":
         _require(number(value) and math.isfinite(value) and value == int(value), name, "must be an integer")
         return int(value)
     _require(number(value), name, "must be a number")
     return float(value)
+
+
+def _check_pass(name: str, spec: tuple) -> None:
+    if spec and not isinstance(spec[0], (tuple, list)):
+        _require(len(spec) == 2 and all(0 <= x < math.inf for x in spec), name, "must be (intercept, slope), both >= 0")
+        return
+    tokens = [p[0] for p in spec]
+    _require(len(spec) >= 2 and all(isinstance(n, int) and n >= 1 for n in tokens)
+             and tokens == sorted(set(tokens)) and all(0 <= p[1] < math.inf for p in spec), name,
+             "must be a table of two or more (tokens, ms): tokens integers >= 1, ascending, ms >= 0")
+
+
+def pass_ms(spec: tuple, tokens: int) -> float:
+    """A pass of this many tokens: on the line (intercept, slope), or on a table's line through
+    the measured points on either side of it (past its ends, through its two last or first
+    points), never below 0."""
+    if not isinstance(spec[0], (tuple, list)):
+        return spec[0] + spec[1] * tokens
+    i = next((i for i in range(1, len(spec) - 1) if tokens <= spec[i][0]), len(spec) - 1)
+    (n0, t0), (n1, t1) = spec[i - 1], spec[i]
+    return max(0.0, t0 + (t1 - t0) * (tokens - n0) / (n1 - n0))
 
 
 def _guess_rates(costs: Costs) -> tuple[float, float]:
@@ -246,10 +274,8 @@ class Window:
 def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     """A decoding cycle's wall time with nothing else in the cluster: γ one-token draft passes,
     a verify pass of γ + 1 tokens, a round trip and a call per worker call, the orchestrator."""
-    a_d, b_d = costs.draft_pass
-    a_v, b_v = costs.target_pass
     calls = 2 if gamma > 0 else 1
-    return (gamma * (a_d + b_d + costs.draft_token_ms) + a_v + b_v * (gamma + 1)
+    return (gamma * (pass_ms(costs.draft_pass, 1) + costs.draft_token_ms) + pass_ms(costs.target_pass, gamma + 1)
             + calls * (costs.rtt_ms + costs.call_ms) + costs.orchestrator_ms)
 
 
@@ -271,7 +297,8 @@ def _accepted(rng: random.Random, alpha: float, gamma: int) -> int:
 
 # --- the simulation --------------------------------------------------------------------------
 
-_ARRIVE, _PASS_END, _CYCLE_END, _START, _CALL_END, _FORWARD, _REPLY, _BACKGROUND, _CORES = range(9)
+_ARRIVE, _PASS_END, _CYCLE_END, _START, _CALL_END, _FORWARD, _REPLY, _BACKGROUND, _HOLD_END, _CORES = range(10)
+HOLD_SHARE = 0.5  # a worker holds a pass at most this share of its fixed cost (tandem.services.holding)
 _DRAFT, _VERIFY, _AHEAD = range(3)  # what a call is
 
 
@@ -341,17 +368,22 @@ class _Worker:
     """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step,
     its call]), the pass it runs, and what it did in the window."""
 
-    __slots__ = ("drafts", "intercept", "slope", "cap", "waiting", "batch", "pass_start", "busy_ms", "passes",
-                 "tokens")
+    __slots__ = ("drafts", "cost", "cap", "hold_ms", "waiting", "batch", "pass_start", "busy_ms", "passes",
+                 "tokens", "answered", "way_round", "holding", "hold_stamp")
 
-    def __init__(self, drafts: bool, line: tuple[float, float], cap: int) -> None:
+    def __init__(self, drafts: bool, cost: tuple, cap: int) -> None:
         self.drafts = drafts
-        self.intercept, self.slope = line
+        self.cost = cost  # a pass's (Costs.draft_pass or target_pass)
         self.cap = cap
+        self.hold_ms = HOLD_SHARE * pass_ms(cost, 0)  # a share of the pass's fixed cost
         self.waiting: list[list] = []
         self.batch: list[list] | None = None  # None: idle
         self.pass_start = 0.0
         self.busy_ms, self.passes, self.tokens = 0.0, 0, 0
+        self.answered: dict[int, float] = {}  # slot → when its last row was answered
+        self.way_round: dict[int, float] = {}  # slot → how long its last way round took
+        self.holding: set[int] | None = None  # the slots a held pass waits for (None: not holding)
+        self.hold_stamp = 0  # which hold the pending _HOLD_END ends
 
     def pick(self) -> int:
         """Move the next pass's jobs from waiting to batch, as tandem.services.batching picks
@@ -555,8 +587,35 @@ class _Run:
 
     def arrive(self, call: _Call) -> None:
         worker = call.worker
-        worker.waiting.extend([self.tick(), slot, steps, tokens, call] for slot, steps, tokens in call.rows)
-        if worker.batch is None:
+        for slot, steps, tokens in call.rows:
+            worker.waiting.append([self.tick(), slot, steps, tokens, call])
+            if slot in worker.answered:
+                worker.way_round[slot] = self.now - worker.answered.pop(slot)
+            if worker.holding is not None:
+                worker.holding.discard(slot)
+        if worker.holding == set():  # every session held for has come
+            worker.holding = None
+            self.start_pass(worker)
+        elif worker.batch is None and worker.holding is None:
+            self.dispatch(worker)
+
+    def dispatch(self, worker: _Worker) -> None:
+        """The worker's next pass, or first a hold for the sessions due back within a share of a
+        pass's fixed cost, as tandem.services.holding holds one (so that cohorts meet)."""
+        due = set()
+        if worker.hold_ms > 0 and sum(job[3] for job in worker.waiting) < worker.cap:
+            here = {job[1] for job in worker.waiting}
+            due = {slot for slot, at in worker.answered.items() if slot not in here and slot in worker.way_round
+                   and abs(at + worker.way_round[slot] - self.now) <= worker.hold_ms}
+        if due:
+            worker.holding, worker.hold_stamp = due, self.tick()
+            self.at(self.now + worker.hold_ms, _HOLD_END, (worker, worker.hold_stamp))
+        else:
+            self.start_pass(worker)
+
+    def hold_end(self, worker: _Worker, stamp: int) -> None:
+        if worker.holding is not None and worker.hold_stamp == stamp:  # still waiting for some
+            worker.holding = None
             self.start_pass(worker)
 
     def start_pass(self, worker: _Worker) -> None:
@@ -565,7 +624,7 @@ class _Run:
         if self.measuring:
             worker.passes += 1
             worker.tokens += tokens
-        self.cores.start(worker.intercept + worker.slope * tokens, _PASS_END, worker)
+        self.cores.start(pass_ms(worker.cost, tokens), _PASS_END, worker)
 
     def end_pass(self, worker: _Worker) -> None:
         if self.measuring:
@@ -576,6 +635,7 @@ class _Run:
             if job[2]:
                 going_on.append(job)
             else:
+                worker.answered[job[1]] = self.now
                 self.row_done(job[4])
         worker.batch = None
         if going_on:  # back among the waiting in arrival order (most often all older than them)
@@ -583,9 +643,9 @@ class _Run:
             worker.waiting = going_on + waiting if not waiting or going_on[-1][0] < waiting[0][0] else sorted(
                 going_on + waiting, key=lambda job: job[0])
         if worker.waiting:
-            self.start_pass(worker)
+            self.dispatch(worker)
 
-    # -- the run
+    # -- the run    # -- the run
 
     def seed_slots(self) -> None:
         """Every slot mid-session at a uniformly drawn point (a fresh session where it draws 0),
@@ -672,6 +732,8 @@ class _Run:
             self.reply(what)
         elif kind == _START:
             self.start_cycles([what])
+        elif kind == _HOLD_END:
+            self.hold_end(*what)
         elif kind == _CYCLE_END:
             return self.end_cycles(what, window)
         return False
@@ -858,8 +920,9 @@ def plot_plan(plan: Plan, path: str) -> None:
     best = plan.recommended
     ax.plot([where[best.drafters_per_verifier]], [best.tokens_per_s], marker="*", markersize=18, color="black",
             linestyle="none", label=f"recommended: {best.drafters} drafters, γ = {best.gamma}")
-    ax.set_xticks(range(len(ratios)), [f"{x:g}" for x in ratios])
-    ax.set_xlabel(f"drafters per verifier ({best.verifiers} verifiers)")
+    drafters = sorted({r.drafters for r in plan.rows})  # one per ratio: the verifiers are fixed
+    ax.set_xticks(range(len(ratios)), [f"{d}/{best.verifiers}" for d in drafters])
+    ax.set_xlabel("drafters / verifiers")
     ax.set_ylabel("tokens/s")
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)

@@ -961,7 +961,7 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--cluster", action="store_true", help="plan a cluster: drafters per verifier and gamma")
     cluster.add_argument("--costs", metavar="FILE", help="a JSON object of measured costs, the fields of "
                                                          "tandem.capacity.Costs (" + ", ".join(_cost_flags())
-                                                         + "; a pass as [intercept, slope] ms)")
+                                                         + "; a pass as [intercept, slope] ms, or a table [[tokens, ms], ...])")
     cluster.add_argument("--draft-ms", metavar="INTERCEPT,SLOPE", help="a draft pass: ms + ms per token in it")
     cluster.add_argument("--target-ms", metavar="INTERCEPT,SLOPE", help="a verify pass: ms + ms per token in it")
     cluster.add_argument("--rtt-ms", type=float, help="orchestrator-worker round trip (default 0)")

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tandem.capacity import (Cluster, Costs, InvalidInput, Window, closed_form_tokens_per_s, drafter_counts,
-                             load_tokens_per_s, lone_cycle_ms, plan_cluster, simulate)
+                             load_tokens_per_s, lone_cycle_ms, pass_ms, plan_cluster, simulate)
 from tandem.cli import main
 from tandem.math.analytic import expected_tokens
 
@@ -123,7 +123,7 @@ def test_more_verifiers_never_lower_tokens_per_s(gamma):
     got = [simulate(BUSY, Cluster(2 if gamma else 0, verifiers, 32), gamma) for verifiers in (1, 2, 3, 4, 8)]
     _no_lower(got)
     assert got[-1].tokens_per_s > 1.5 * got[0].tokens_per_s  # the verifiers were the bottleneck
-    assert got[0].verifier_utilization > 0.99
+    assert got[0].verifier_utilization > 0.85  # busy but while it holds a pass for a cohort due back
 
 
 @pytest.mark.parametrize("gamma", [2, 5])
@@ -167,16 +167,18 @@ GOLDEN = Costs(draft_pass=(2.0, 0.05), target_pass=(10.0, 0.2), alpha=0.6, rtt_m
 
 
 def test_plan_golden_numbers():
+    """With 8 sessions per verifier sharing its passes (a held pass waits for its cohort), plain
+    decoding gives the most tokens/s per GPU here; drafting gives the most tokens/s."""
     plan = plan_cluster(GOLDEN, sessions=16, verifiers=2, max_drafters_per_verifier=1.0, gammas=range(0, 7),
                         tokens_per_session=128)
     assert [(r.drafters, r.gamma) for r in plan.rows] == [(0, 0)] + [(n, g) for n in (1, 2) for g in range(1, 7)]
-    assert [(r.drafters, r.gamma) for r in plan.best_per_ratio] == [(0, 0), (1, 3), (2, 3)]
+    assert [(r.drafters, r.gamma) for r in plan.best_per_ratio] == [(0, 0), (1, 3), (2, 1)]
     best = plan.recommended
-    assert (best.drafters, best.verifiers, best.gamma, best.gpus) == (1, 2, 3, 3.0)
-    assert best.tokens_per_s == pytest.approx(1224.4365947619067, rel=1e-9)
-    assert best.tokens_per_s_per_gpu == pytest.approx(408.14553158730223, rel=1e-9)
-    assert best.prediction.ttft_ms == pytest.approx(39.17018072289174, rel=1e-9)
-    assert plan.rows[0].tokens_per_s == pytest.approx(714.4012003052856, rel=1e-9)
+    assert (best.drafters, best.verifiers, best.gamma, best.gpus) == (0, 2, 0, 2.0)
+    assert best.tokens_per_s == pytest.approx(1066.8563300142032, rel=1e-9)
+    assert best.tokens_per_s_per_gpu == pytest.approx(533.4281650071016, rel=1e-9)
+    assert best.prediction.ttft_ms == pytest.approx(26.82807017543865, rel=1e-9)
+    assert plan.best_per_ratio[1].tokens_per_s == pytest.approx(1194.9788, rel=1e-4)
     assert best.tokens_per_s_per_gpu == max(r.tokens_per_s_per_gpu for r in plan.rows)
 
 
@@ -396,3 +398,36 @@ def test_guesses_past_rejections_find_more_blocks_ready():
     assert run(2, never, host_cores=1).tokens_per_s < 0.95 * run(0, host_cores=1, ahead=False).tokens_per_s
     # Two sessions in one replica: neither is alone, so neither drafts ahead.
     assert run(2, sessions=2).drafted_ahead_share == 0.0
+
+
+# --- passes as measured tables -------------------------------------------------------------------
+
+
+def test_a_table_of_passes_is_read_between_its_points():
+    table = ((1, 6.0), (4, 9.0), (8, 20.0))
+    assert [pass_ms(table, n) for n in (1, 2, 4, 6, 8, 12)] == [6.0, 7.0, 9.0, 14.5, 20.0, 31.0]
+    assert pass_ms(((2, 1.0), (4, 5.0)), 1) == 0.0  # below its first point, never below 0
+    # A table on a line simulates as the line does.
+    line = Costs.from_fields({"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0})
+    on_it = replace(line, target_pass=((1, 8.3), (100, 38.0)), draft_pass=((1, 1.05), (2, 1.1)))
+    cluster = Cluster(1, 1, 8, tokens_per_session=64)
+    assert simulate(on_it, cluster, 3).tokens_per_s == pytest.approx(simulate(line, cluster, 3).tokens_per_s, rel=1e-9)
+    assert Costs.from_fields({"draft_pass": [[1, 1.05], [2, 1.1]], "target_pass": [8.0, 0.3], "alpha": 0.7}
+                             ).draft_pass == ((1, 1.05), (2, 1.1))
+    for bad in ([[2, 1.0], [1, 2.0]], [[1, 1.0]], [[1.5, 1.0], [2, 1.0]], [[1, -1.0], [2, 1.0]], [1, 2, 3]):
+        with pytest.raises(InvalidInput) as e:
+            Costs.from_fields({"draft_pass": bad, "target_pass": [8.0, 0.3], "alpha": 0.7})
+        assert e.value.field == "draft_pass"
+
+
+def test_a_held_pass_gathers_its_cohort(monkeypatch):
+    """Four sessions on four replicas reach one verifier at staggered times: holding a pass for
+    the sessions due back (a share of its fixed cost, as the workers do) puts all four in every
+    pass; without it they split into cohorts that take turns on the verifier."""
+    costs = Costs(draft_pass=(1.0, 0.0), target_pass=(10.0, 0.1), alpha=0.5, rtt_ms=1.0, orchestrator_ms=0.5)
+    cluster = Cluster(0, 1, 4, replicas=4, tokens_per_session=ENDLESS)
+    held = simulate(costs, cluster, 0)
+    monkeypatch.setattr("tandem.capacity.HOLD_SHARE", 0.0)
+    apart = simulate(costs, cluster, 0)
+    assert held.tokens_per_verify_pass == pytest.approx(4.0) and apart.tokens_per_verify_pass < 2.5
+    assert held.tokens_per_s > 1.5 * apart.tokens_per_s
