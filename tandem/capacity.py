@@ -28,21 +28,21 @@ answered. When the verify ends as a guess did (the block accepted whole and the 
 Costs.bonus_guess of the time; or rejected at a position drafted past and the recovered token
 guessed, Costs.recovered_guess), the next cycle's block is ready: its verify goes at once.
 
-A worker batches continuously, as tandem.services.batching does: while steps wait it runs
-passes back to back; a pass takes the next step of the waiting jobs in arrival order, whole,
-while they fit in max_batch_tokens (the first always, however long), and costs intercept +
-slope · (its tokens), or what a table of measured passes says (pass_ms). A γ-token draft takes
-part in γ passes; a job that arrives during a pass waits for the next. Before a pass, a worker
-holds it for the sessions due back (answered earlier, their last way round ending within
-HOLD_SHARE of its fixed cost from now) until they come or that time is up, as
-tandem.services.holding does, so that cohorts meet. call_ms is the worker's CPU outside
-passes, taken to run beside the device (it delays the call, not the passes). Each worker and replica has a processor of its own,
-unless the cluster shares a host's cores (Cluster.host_cores, as the test bed's processes share
-2): then passes, calls, the orchestrator's cycles and the background work all run on those
-cores, shared as an OS shares them (_Cores); background_ms counts only there. A drafting cycle
-accepts k tokens, drawn i.i.d. (each drafted token accepted with probability α until the first
-rejection, k ≤ γ), and outputs k + 1 (a prefill: 1); the last cycle of a session outputs only
-what the session still lacks.
+A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
+back to back; a pass takes the next step of the waiting jobs in arrival order, whole, while they
+fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
+tokens), or what a table of measured passes says (pass_ms). A γ-token draft takes part in γ
+passes; a job that arrives during a pass waits for the next. Before a pass, a worker holds it for
+the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its
+fixed cost from now) until they come or that time is up, as tandem.services.holding does, so that
+cohorts meet. call_ms is the worker's CPU outside passes, taken to run beside the device (it
+delays the call, not the passes). Each worker and replica has a processor of its own, unless the
+cluster shares a host's cores (Cluster.host_cores, as the test bed's processes share 2): then
+passes, calls, the orchestrator's cycles and the background work all run on those cores, shared as
+an OS shares them (_Cores); background_ms counts only there. A drafting cycle accepts k tokens,
+drawn i.i.d. (each drafted token accepted with probability α until the first rejection, k ≤ γ),
+and outputs k + 1 (a prefill: 1); the last cycle of a session outputs only what the session still
+lacks.
 
 Measuring. Slots start mid-session at uniformly drawn points, their first cycles spread over
 a lone cycle (as a cluster in its steady state has them), and the first thousand cycles (eight
@@ -58,10 +58,10 @@ A finite load (load_tokens_per_s) runs a given number of sessions instead, the f
 started together, as a benchmark's client runs them: its tokens/s counts its start and its end.
 
 What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
-prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed
-per run; the last cycle does not shorten its draft to what the session lacks), token trees, a
-call's CPU per row, network jitter and bandwidth, and failures. Costs are taken as measured (the fits that
-tandem's γ policy keeps per worker: orchestrator/policy.py).
+prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed per
+run; the last cycle does not shorten its draft to what the session lacks), token trees, a call's
+CPU per row, network jitter and bandwidth, and failures. Costs are taken as measured (the fits
+that tandem's γ policy keeps per worker: orchestrator/policy.py).
 """
 
 from __future__ import annotations
@@ -645,7 +645,7 @@ class _Run:
         if worker.waiting:
             self.dispatch(worker)
 
-    # -- the run    # -- the run
+    # -- the run
 
     def seed_slots(self) -> None:
         """Every slot mid-session at a uniformly drawn point (a fresh session where it draws 0),
