@@ -147,13 +147,20 @@ def sweep(args) -> None:
         write(rows, args, timings)
 
 
-def _setting_flags(setting: str) -> list[str]:
-    """A runahead setting's orchestrator flags: "off" (no drafting ahead), "G" (G guesses of the
-    bonus token) or "G+R" (and past a rejection at each of a block's first R positions)."""
+def _setting(setting: str) -> tuple[int, int] | None:
+    """A runahead setting: "off" (no drafting ahead) → None; "G" (G guesses of the bonus token)
+    or "G+R" (and past a rejection at each of a block's first R positions) → (G, R)."""
     if setting == "off":
-        return ["--no-draft-ahead"]
+        return None
     guesses, _, rejections = setting.partition("+")
-    return ["--ahead-guesses", str(int(guesses)), "--ahead-rejections", str(int(rejections or 0))]
+    return int(guesses), int(rejections or 0)
+
+
+def _setting_flags(setting: str) -> list[str]:
+    """A runahead setting's orchestrator flags."""
+    if (parsed := _setting(setting)) is None:
+        return ["--no-draft-ahead"]
+    return ["--ahead-guesses", str(parsed[0]), "--ahead-rejections", str(parsed[1])]
 
 
 def runahead(args) -> None:
@@ -194,11 +201,10 @@ def _runahead_medians(rows: list[dict]) -> dict[tuple, dict]:
 
 
 def _setting_label(setting: str) -> str:
-    if setting == "off":
+    if (parsed := _setting(setting)) is None:
         return "no drafting ahead"
-    guesses, _, rejections = setting.partition("+")
-    label = f"{guesses} guess{'es' * (guesses != '1')}"
-    return label + (f" + {rejections} rejections" if rejections else "")
+    guesses, rejections = parsed
+    return f"{guesses} guess{'es' * (guesses != 1)}" + (f" + {rejections} rejections" if rejections else "")
 
 
 def write_runahead(rows: list[dict], args) -> None:
@@ -257,13 +263,13 @@ def calibrate(args) -> None:
     prompt = round(sum(prompts) / len(prompts))
     passes = _passes(args, sweep, draft, target, prompt)
     cores = args.host_cores or sweep.get("host_cores") or os.cpu_count()
+    background = {w: _background_ms(rows, passes, prompt, w) for w in {r["workload"] for r in rows}}
     out = []
     for r in rows:
         gamma = _gamma_of(r["mode"])
         if gamma is None:
             continue
-        costs = replace(_costs(rows, passes, prompt, r, gamma),
-                        background_ms=_background_ms(rows, passes, prompt, r["workload"]))
+        costs = replace(_costs(rows, passes, prompt, r, gamma), background_ms=background[r["workload"]])
         cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores,
                           draft_ahead=True, ahead_rejections=OrchestratorConfig.ahead_rejections)
         predicted = load_tokens_per_s(costs, cluster, gamma, r["sessions"])
@@ -348,7 +354,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       the round trip as what the transport takes more at the point's delay, and the
       orchestrator's time per cycle;
     - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ;
-    - drafting ahead's rates of right guesses (_guess_rates)."""
+    - drafting ahead's rates of right guesses (_fit_guess_rates)."""
     workload = point["workload"]
     alone = [r for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r["mode"] != "adaptive"]
     same_gamma = [r for r in alone if r["mode"] == point["mode"]]
@@ -358,7 +364,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     # A cycle's draft time, per cycle that made a draft call (a block drafted ahead made none).
     per_call = [r["cycle"]["draft_ms"] / (1.0 - (r["cycle"].get("drafted_ahead_share") or 0.0)) for r in drafting]
     per_token, _ = np.polyfit([r["mean_gamma"] for r in drafting], per_call, 1)
-    bonus, recovered = _guess_rates(alone)
+    bonus, recovered = _fit_guess_rates(alone)
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
                  alpha=alpha, bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
@@ -367,7 +373,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
                  draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]), prompt_tokens=prompt)
 
 
-def _guess_rates(alone: list[dict]) -> tuple[float, float]:
+def _fit_guess_rates(alone: list[dict]) -> tuple[float, float]:
     """Drafting ahead's (bonus_guess, recovered_guess) (tandem.capacity.Costs): the rates that
     best give, by least squares, the share of drafting cycles each lone fixed-γ run found drafted
     ahead, α^γ · bonus + (1 − α^min(γ, R)) · recovered with α its own (_alpha_for) and R the
@@ -382,9 +388,7 @@ def _guess_rates(alone: list[dict]) -> tuple[float, float]:
     if not fits:
         return 0.0, 0.0
     x, y = np.array([f[:2] for f in fits]), np.array([f[2] for f in fits])
-    if not rejections:
-        return float(np.clip(np.sum(x[:, 0] * y) / np.sum(x[:, 0] ** 2), 0.0, 1.0)), 0.0
-    rates = np.linalg.lstsq(x, y, rcond=None)[0]
+    rates = np.linalg.lstsq(x, y, rcond=None)[0]  # with R = 0 the second column is 0, and so its rate
     return tuple(float(np.clip(rate, 0.0, 1.0)) for rate in rates)
 
 

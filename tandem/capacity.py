@@ -907,21 +907,20 @@ def plot_plan(plan: Plan, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ratios = sorted({r.drafters_per_verifier for r in plan.rows})
-    where = {ratio: i for i, ratio in enumerate(ratios)}  # evenly spaced: the ratios double
+    drafters = sorted({r.drafters for r in plan.rows})  # one count per ratio: the verifiers are fixed
+    where = {count: i for i, count in enumerate(drafters)}  # evenly spaced: the ratios double
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for gamma in sorted({r.gamma for r in plan.rows if r.gamma > 0}):
         line = sorted((r for r in plan.rows if r.gamma == gamma), key=lambda r: r.drafters)
-        ax.plot([where[r.drafters_per_verifier] for r in line], [r.tokens_per_s for r in line], marker="o",
+        ax.plot([where[r.drafters] for r in line], [r.tokens_per_s for r in line], marker="o",
                 label=f"γ = {gamma}")
     for r in plan.rows:
         if r.gamma == 0:
             ax.axhline(r.tokens_per_s, color="gray", linestyle="--", label="γ = 0 (no drafters)")
     best = plan.recommended
-    ax.plot([where[best.drafters_per_verifier]], [best.tokens_per_s], marker="*", markersize=18, color="black",
+    ax.plot([where[best.drafters]], [best.tokens_per_s], marker="*", markersize=18, color="black",
             linestyle="none", label=f"recommended: {best.drafters} drafters, γ = {best.gamma}")
-    drafters = sorted({r.drafters for r in plan.rows})  # one per ratio: the verifiers are fixed
-    ax.set_xticks(range(len(ratios)), [f"{d}/{best.verifiers}" for d in drafters])
+    ax.set_xticks(range(len(drafters)), [f"{d}/{best.verifiers}" for d in drafters])
     ax.set_xlabel("drafters / verifiers")
     ax.set_ylabel("tokens/s")
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))

@@ -178,6 +178,8 @@ TREE_RULE_HELP = ("how sampled token trees are drawn and verified unless a reque
 NO_DRAFT_AHEAD = "never draft past a block while the target verifies it (the draft worker then idles)"
 AHEAD_GUESSES_HELP = ("guesses of a block's bonus token that drafting ahead drafts past, a chain under each: the "
                       "draft's most likely tokens after the block; default 1")
+# OrchestratorConfig.ahead_rejections, which this module does not import (the SDK's CLI stays light).
+AHEAD_REJECTIONS = 8
 AHEAD_REJECTIONS_HELP = ("a block's first positions at which drafting ahead also drafts past a rejection: a chain "
                          "under the draft's next choice there, a guess of the recovered token (default 8; 0: none)")
 MAX_BATCH_TOKENS_HELP = ("tokens a worker's forward pass takes from all sessions' waiting work (default 512, "
@@ -445,7 +447,7 @@ PLAN_CLUSTER_FLAGS = ("--sessions", "--verifiers", "--replicas", "--tokens-per-s
 # Their defaults where a cost flag has none: tandem.capacity.Costs's own.
 PLAN_CLUSTER_DEFAULTS = {"sessions": 64, "verifiers": 4, "replicas": 1, "tokens_per_session": 256, "host_cores": 0,
                          "max_drafters_per_verifier": 2.0, "draft_gpu_cost": 1.0, "draft_ahead": False,
-                         "ahead_rejections": 8, "seed": 0}
+                         "ahead_rejections": AHEAD_REJECTIONS, "seed": 0}
 
 
 def _cost_flags() -> dict[str, str]:
@@ -747,7 +749,7 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--max-gamma", type=int, default=8)
     up.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     up.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP)
-    up.add_argument("--ahead-rejections", type=int, default=8, help=AHEAD_REJECTIONS_HELP)
+    up.add_argument("--ahead-rejections", type=int, default=AHEAD_REJECTIONS, help=AHEAD_REJECTIONS_HELP)
     up.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     up.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     up.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
@@ -852,7 +854,7 @@ def parser() -> argparse.ArgumentParser:
     orch.add_argument("--metrics-port", type=int, default=9100, help="serve Prometheus metrics here (0: off)")
     orch.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD)
     orch.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP)
-    orch.add_argument("--ahead-rejections", type=int, default=8, help=AHEAD_REJECTIONS_HELP)
+    orch.add_argument("--ahead-rejections", type=int, default=AHEAD_REJECTIONS, help=AHEAD_REJECTIONS_HELP)
     orch.add_argument("--verification", choices=VERIFICATIONS, default="block", help=VERIFICATION_HELP)
     orch.add_argument("--draft-shape", choices=DRAFT_SHAPES, default="chain", help=DRAFT_SHAPE_HELP)
     orch.add_argument("--tree-widths", default="2,2", help=TREE_WIDTHS_HELP)
@@ -916,7 +918,7 @@ def parser() -> argparse.ArgumentParser:
                             "--address, the label of that cluster's")
     bench.add_argument("--no-draft-ahead", action="store_true", help=NO_DRAFT_AHEAD + " (local cluster)")
     bench.add_argument("--ahead-guesses", type=int, default=1, help=AHEAD_GUESSES_HELP + " (local cluster)")
-    bench.add_argument("--ahead-rejections", type=int, default=8, help=AHEAD_REJECTIONS_HELP + " (local cluster)")
+    bench.add_argument("--ahead-rejections", type=int, default=AHEAD_REJECTIONS, help=AHEAD_REJECTIONS_HELP + " (local cluster)")
     bench.add_argument("--grpc-port", type=int, default=0, help="the local cluster's ingress port (0: a free one)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--tracing-overhead", action="store_true",
