@@ -175,7 +175,8 @@ class SpeculativeLoop:
         request still wants, and 0 while no draft worker is available. An adaptive session's
         first token comes from the target's prefill alone: a block drafted before it would make
         the caller wait for the draft's prefill and γ steps too (queued behind every other
-        session's at load), and the draft prefills with its first block in the next cycle."""
+        session's at load). Alone, the draft prefills meanwhile, drafting ahead; else with its
+        first block in the next cycle."""
         if not (self.verifier_drafts or self.drafts.available()) or (s.request.gamma is None and generated == 0):
             return 0
         wanted = s.request.gamma if s.request.gamma is not None else s.policy.choose(ahead=self._ahead())
@@ -202,8 +203,7 @@ class SpeculativeLoop:
         branched = bool(proposal and proposal.parents)  # a token tree (the drafter may answer a chain)
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
         # (alone: the draft worker would otherwise idle through the verify)
-        ahead = (self._draft_ahead(s, proposal, here, call.holds_block) if gamma and not branched and self._ahead()
-                 else None)
+        ahead = self._draft_ahead(s, proposal, here, call.holds_block) if not branched and self._ahead() else None
         try:
             verify = await self._verify(s, proposal, here, *self._next_shape(s)) if call.gamma else await call.task
         except BaseException:
@@ -299,28 +299,38 @@ class SpeculativeLoop:
                            block.compute_ms, block.batching, parents)
         return Reply(trimmed, 0.0, 0, verify.fed)
 
-    def _draft_ahead(self, s: Session, proposal, parent: Context, holds_block: bool) -> asyncio.Future | None:
+    def _draft_ahead(self, s: Session, proposal: Proposal | None, parent: Context,
+                     holds_block: bool) -> asyncio.Future | None:
         """Start drafting past the block [d_1 … d_γ] for its likeliest outcomes: feed d_γ (the
         draft cache holds d_1 … d_γ−1, or when it does not, what it lacks; past rejections, the
         whole block and the token before it, whose rows guess them), draft guesses of the bonus
         token and of the recovered tokens, then the next cycle's γ tokens after each. None when
-        the next cycle would not draft."""
-        gamma = len(proposal.draft_tokens)
+        the next cycle would not draft. A γ-0 cycle's verify (the first one, the prompt's
+        prefill) has no block: the bonus is the target's next token, and the draft worker
+        prefills or catches up meanwhile instead of in the next cycle's draft call."""
+        block = list(proposal.draft_tokens) if proposal else []
+        gamma = len(block)
         after = s.generated + gamma + 1  # tokens generated should the whole block and a bonus land
         next_gamma = self._gamma(s, after) if after < s.request.max_tokens else 0
-        worker = self.drafts.get(s.workers["draft"])
-        if not next_gamma or worker is None:
+        worker = self._draft_worker(s, parent) if next_gamma else None
+        if worker is None:
             return None
         room = MAX_TREE_NODES // (next_gamma + 1)  # guesses the tree has nodes for
         guesses = max(1, min(self.ahead_guesses, room))
         rejections = min(self.ahead_rejections, gamma, room - guesses)
-        cache_len = len(s.tokens) + gamma - 1 if holds_block else s.cache_lens["draft"]
-        if rejections:
-            cache_len = min(cache_len, len(s.tokens) - 1)
-        fed = (s.tokens + list(proposal.draft_tokens))[cache_len:]
+        cache_len = len(s.tokens) + gamma - 1 if gamma and holds_block else s.cache_lens["draft"]
+        cache_len = min(cache_len, len(s.tokens) - 1) if rejections or not gamma else cache_len
+        fed = (s.tokens + block)[cache_len:]
         return asyncio.ensure_future(worker.client.propose(
             s.session_id, cache_len, fed, next_gamma + 1, s.params, parent, ahead=True, epoch=s.epoch,
             guesses=guesses, block=gamma if rejections else 0, rejections=rejections))
+
+    def _draft_worker(self, s: Session, parent: Context):
+        """The session's draft worker, routed here when it has none yet (its first cycle); None
+        when it is not available (drafting ahead does not fail over: the next draft call does)."""
+        if s.workers["draft"] is None and (worker := self.drafts.route()) is not None:
+            self._move(s, "draft", worker.address, "", parent)
+        return self.drafts.get(s.workers["draft"])
 
     async def _settle(self, s: Session, ahead: asyncio.Future, gamma: int, accepted: int,
                       ) -> tuple[Reply | None, Reply | None]:
