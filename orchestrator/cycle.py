@@ -53,7 +53,7 @@ from tandem.orchestrator import metrics
 from tandem.orchestrator.clients import Reply
 from tandem.orchestrator.config import MAX_TREE_NODES
 from tandem.orchestrator.policy import CycleCosts
-from tandem.orchestrator.pool import WorkerPool
+from tandem.orchestrator.pool import Worker, WorkerPool
 from tandem.orchestrator.session import Session
 from tandem.orchestrator.store import Fenced, SessionStore
 from tandem.wire.generation import CycleStats
@@ -325,7 +325,7 @@ class SpeculativeLoop:
             s.session_id, cache_len, fed, next_gamma + 1, s.params, parent, ahead=True, epoch=s.epoch,
             guesses=guesses, block=gamma if rejections else 0, rejections=rejections))
 
-    def _draft_worker(self, s: Session, parent: Context):
+    def _draft_worker(self, s: Session, parent: Context) -> Worker | None:
         """The session's draft worker, routed here when it has none yet (its first cycle); None
         when it is not available (drafting ahead does not fail over: the next draft call does)."""
         if s.workers["draft"] is None and (worker := self.drafts.route()) is not None:
