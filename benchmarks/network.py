@@ -3,7 +3,7 @@ its workers, for every fixed γ and the adaptive policy, on the multi-host test 
 capacity simulator's predictions against those measurements.
 
     .venv/bin/python benchmarks/network.py up [--delay-ms 5]     # a cluster on the test bed, until Ctrl-C
-    .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-8,auto] [--repeats 3]
+    .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-4,6,8,auto] [--repeats 4]
     .venv/bin/python benchmarks/network.py calibrate             # after a sweep
     .venv/bin/python benchmarks/network.py runahead [--settings off,1,1+8]   # drafting ahead for more outcomes
     .venv/bin/python benchmarks/network.py --smoke --out DIR     # sweep, calibrate, runahead at a tiny size
@@ -15,7 +15,8 @@ every orchestrator↔worker link through a user-space delay proxy (the kernel he
 stdin (`delay * 20`, `drop draft-0`, ...). `sweep` runs, per delay, workload (greedy, T = 1) and
 sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos so that every
 stream is max_tokens long, --repeats times in a new order and with new sampling seeds each round;
-a point's tokens/s per mode is its median run, and it times both models' passes before and after its points. Needs root
+a point's tokens/s per mode is its median run, adaptive's ratio to the best fixed γ is also paired
+round by round (with its 95 % interval), and it times both models' passes before and after its points. Needs root
 (network namespaces). `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the
 bed's processes sharing the host's cores, from costs measured apart from it (`_costs`). `runahead`
 measures a lone session's tokens/s against the delay with drafting ahead off and for guesses of the
@@ -41,6 +42,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import torch
+from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
@@ -483,17 +485,33 @@ def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
     return best, adaptive, zero
 
 
+def _paired(group: list[dict], mode: str, against: str) -> tuple[float, float, float]:
+    """`mode`'s tokens/s over `against`'s, round by round: the geometric mean of a round's ratios
+    and its 95 % t-interval (nan with one round). A round runs its modes back to back, so its
+    ratio pairs away the drift between rounds that a ratio of two medians keeps."""
+    tokens_per_s = {(r["mode"], r["repeat"]): r["aggregate_tokens_per_s"] for r in group}
+    logs = np.log([tokens_per_s[mode, k] / tokens_per_s[against, k] for k in sorted({r["repeat"] for r in group})
+                   if (mode, k) in tokens_per_s and (against, k) in tokens_per_s])
+    if len(logs) < 2:
+        return float(np.exp(logs.mean())) if len(logs) else float("nan"), float("nan"), float("nan")
+    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
+    return float(np.exp(logs.mean())), float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+
+
 def write(rows: list[dict], args, timings: list[dict]) -> None:
     out = Path(args.out)
     (out / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "host_cores": os.cpu_count(),
                                                 "pass_ms": timings, "rows": rows}, indent=1))
     lines = ["| delay (ms) | workload | in flight | best fixed γ | its tokens/s | adaptive tokens/s | adaptive / best "
-             "| adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| paired per round (95 % CI) | adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted({_key(r) for r in rows}):
-        best, adaptive, zero = _point([r for r in rows if _key(r) == key])
+        group = [r for r in rows if _key(r) == key]
+        best, adaptive, zero = _point(group)
         a = adaptive["aggregate_tokens_per_s"] if adaptive else float("nan")
+        paired = _paired(group, "adaptive", best["mode"]) if adaptive else (float("nan"),) * 3
         lines.append(f"| {key[0]:g} | {key[1]} | {key[2]} | {best['mode']} | {best['aggregate_tokens_per_s']:.1f} | "
                      f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | "
+                     f"{paired[0]:.2f} ({paired[1]:.2f}–{paired[2]:.2f}) | "
                      f"{(adaptive or {}).get('mean_gamma') or 0:.2f} | "
                      f"{zero['aggregate_tokens_per_s'] if zero else float('nan'):.1f} |")
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
@@ -569,13 +587,13 @@ def main() -> None:
     p_sweep = sub.add_parser("sweep", help="tokens/s against delay, per γ and the adaptive policy")
     p_sweep.add_argument("--delays", default="0,1,5,20", help="one-way delays in ms")
     p_sweep.add_argument("--jitter-ms", type=float, default=0.0)
-    p_sweep.add_argument("--gammas", default="0-8,auto")
+    p_sweep.add_argument("--gammas", default="0-4,6,8,auto")
     p_sweep.add_argument("--workloads", default="greedy,sampled")
     p_sweep.add_argument("--in-flight", default="1,8")
     p_sweep.add_argument("--sessions", type=int, default=6,
                          help="sessions per point (at least twice as many as in flight)")
     p_sweep.add_argument("--max-tokens", type=int, default=64)
-    p_sweep.add_argument("--repeats", type=int, default=3, help="runs of each mode per point (the median is kept)")
+    p_sweep.add_argument("--repeats", type=int, default=4, help="runs of each mode per point (the median is kept)")
     p_sweep.add_argument("--pass-repetitions", type=int, default=15,
                          help="timings of each pass size, before and after the points (the median is kept)")
     p_sweep.add_argument("--seed", type=int, default=0)
