@@ -223,17 +223,20 @@ def write_runahead(rows: list[dict], args) -> None:
     medians = _runahead_medians(rows)
     settings = [s for s in args.settings.split(",") if any(k[3] == s for k in medians)]
     base = next((s for s in settings if s != "off"), None)  # the others against the first drafting ahead
-    more = [s for s in settings if s not in ("off", base)]
+    pairs = [(s, "off") for s in settings if s != "off" and "off" in settings] + \
+        [(s, base) for s in settings if s not in ("off", base)]
     lines = [f"| delay (ms) | workload | γ | {' | '.join(map(_setting_label, settings))} | "
-             + "".join(f"{s} / {base} | " for s in more) + "drafted ahead (share of drafting cycles) |",
-             "|---" * (4 + len(settings) + len(more)) + "|"]
+             + "".join(f"{s} / {against}, paired (95 % CI) | " for s, against in pairs)
+             + "drafted ahead (share of drafting cycles) |", "|---" * (4 + len(settings) + len(pairs)) + "|"]
     for delay, workload, mode in sorted({k[:3] for k in medians}):
         at = {s: medians.get((delay, workload, mode, s)) for s in settings}
-        speed = {s: r["aggregate_tokens_per_s"] if r else float("nan") for s, r in at.items()}
+        group = [r for r in rows if (r["delay_ms"], r["workload"], r["mode"]) == (delay, workload, mode)]
+        paired = [_paired(group, s, against, by="setting") for s, against in pairs]
         shares = ", ".join(f"{r['drafted_ahead_share']:.2f}" for s, r in at.items()
                            if s != "off" and r and r["drafted_ahead_share"] is not None)
-        lines.append(f"| {delay:g} | {workload} | {mode} | " + " | ".join(f"{speed[s]:.1f}" for s in settings) + " | "
-                     + "".join(f"{speed[s] / speed.get(base, float('nan')):.2f} | " for s in more) + f"{shares} |")
+        lines.append(f"| {delay:g} | {workload} | {mode} | "
+                     + " | ".join(f"{r['aggregate_tokens_per_s'] if r else float('nan'):.1f}" for r in at.values())
+                     + " | " + "".join(f"{p[0]:.2f} ({p[1]:.2f}–{p[2]:.2f}) | " for p in paired) + f"{shares} |")
     (out / "runahead.md").write_text("\n".join(lines) + "\n")
     plot_runahead(medians, settings, out / "runahead.png")
 
@@ -485,11 +488,12 @@ def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
     return best, adaptive, zero
 
 
-def _paired(group: list[dict], mode: str, against: str) -> tuple[float, float, float]:
-    """`mode`'s tokens/s over `against`'s, round by round: the geometric mean of a round's ratios
-    and its 95 % t-interval (nan with one round). A round runs its modes back to back, so its
-    ratio pairs away the drift between rounds that a ratio of two medians keeps."""
-    tokens_per_s = {(r["mode"], r["repeat"]): r["aggregate_tokens_per_s"] for r in group}
+def _paired(group: list[dict], mode: str, against: str, by: str = "mode") -> tuple[float, float, float]:
+    """`mode`'s tokens/s over `against`'s (each a value of the rows' `by`), round by round: the
+    geometric mean of a round's ratios and its 95 % t-interval (nan with one round). A round runs
+    its modes back to back, so its ratio pairs away the drift between rounds that a ratio of two
+    medians keeps."""
+    tokens_per_s = {(r[by], r["repeat"]): r["aggregate_tokens_per_s"] for r in group}
     logs = np.log([tokens_per_s[mode, k] / tokens_per_s[against, k] for k in sorted({r["repeat"] for r in group})
                    if (mode, k) in tokens_per_s and (against, k) in tokens_per_s])
     if len(logs) < 2:

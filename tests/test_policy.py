@@ -390,6 +390,30 @@ def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
     assert loaded.choose() == brute_force_choice(loaded, loaded.max_gamma) < alone.choose()
 
 
+def test_sessions_that_share_passes_draft_one_gamma_as_a_cohort(monkeypatch):
+    """Under load a session's cycle lasts as long as its cohort's (the policy's docstring): sessions
+    that share passes choose with the replica's acceptance, so a session the draft follows and one
+    it does not draft the same γ; alone each drafts for its own. The control: choosing with their
+    own acceptance at that load, they differ."""
+    def sessions_of(replica_sessions: int) -> tuple[GammaPolicy, GammaPolicy]:
+        replica = GammaPolicy()
+        for accepted in [4, 2, 3, 1] * 8:
+            replica.for_session().observe(replace(loaded_cycle(4, replica_sessions), accepted=accepted))
+        followed, lost = replica.for_session(), replica.for_session()
+        for _ in range(8):
+            followed.observe(replace(loaded_cycle(4, replica_sessions), accepted=4))
+            lost.observe(replace(loaded_cycle(4, replica_sessions), accepted=0))
+        assert followed.alpha > replica.pair_alpha + 0.1 > lost.alpha + 0.2
+        return followed, lost
+
+    followed, lost = sessions_of(1)
+    assert not followed.costs.shared and followed.choose() > lost.choose()
+    followed, lost = sessions_of(8)
+    assert followed.costs.shared and followed.choose() == lost.choose() > 0
+    monkeypatch.setattr("tandem.orchestrator.policy.SHARED_PASS", float("inf"))
+    assert followed.choose() > lost.choose()
+
+
 # --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
 
 
