@@ -319,7 +319,8 @@ class SpeculativeLoop:
         guesses = max(1, min(self.ahead_guesses, room))
         rejections = min(self.ahead_rejections, gamma, room - guesses)
         cache_len = len(s.tokens) + gamma - 1 if gamma and holds_block else s.cache_lens["draft"]
-        cache_len = min(cache_len, len(s.tokens) - 1) if rejections or not gamma else cache_len
+        if rejections or not gamma:  # the rows guess from the token before the block; no block: the bonus
+            cache_len = min(cache_len, len(s.tokens) - 1)
         fed = (s.tokens + block)[cache_len:]
         return asyncio.ensure_future(worker.client.propose(
             s.session_id, cache_len, fed, next_gamma + 1, s.params, parent, ahead=True, epoch=s.epoch,

@@ -330,17 +330,17 @@ class GammaPolicy:
         """E[tokens | γ] for γ = 0 … top: the bonus or recovered token and the accepted ones."""
         return list(accumulate(self.survival(top)))
 
-    def ahead_rates(self, top: int) -> list[float]:
-        """Per γ ≤ top, the probability that a drafting cycle finds its block drafted ahead: the last
-        block fully accepted (survival[γ]) and its bonus guessed, or rejected at one of its first
-        ahead_rejections positions (1 − survival[min(γ, R)]) and its recovered token guessed (the
-        replica's rates; before it has them, α and α / 2: the draft's next choice is right less
-        often than its first)."""
-        alpha, pair, survival = self.alpha, self.pair, self.survival(top)
+    def ahead_rates(self, survival: list[float]) -> list[float]:
+        """Per γ ≤ top (survival: self.survival(top)), the probability that a drafting cycle finds
+        its block drafted ahead: the last block fully accepted (survival[γ]) and its bonus guessed,
+        or rejected at one of its first ahead_rejections positions (1 − survival[min(γ, R)]) and
+        its recovered token guessed (the replica's rates; before it has them, α and α / 2: the
+        draft's next choice is right less often than its first)."""
+        alpha, pair = self.alpha, self.pair
         bonus = (pair.hits + 2.0 * alpha) / (pair.guesses + 2.0)
         recovered = (pair.recoveries + alpha) / (pair.rejections + 2.0)
         return [survival[g] * bonus + (1.0 - survival[min(g, self.ahead_rejections)]) * recovered if g else 0.0
-                for g in range(top + 1)]
+                for g in range(len(survival))]
 
     def tokens_per_ms(self, gamma: int, ahead: bool = False) -> float:
         return self.rates(gamma, ahead)[gamma]
@@ -348,8 +348,9 @@ class GammaPolicy:
     def rates(self, top: int, ahead: bool = False) -> list[float]:
         """Expected tokens per ms of a session's share of the cluster, per γ ≤ top; ahead: its loop
         drafts ahead."""
-        cycles = self.costs.cycles_ms(top, self.ahead_rates(top) if ahead else None)
-        return [tokens / max(ms, 1e-6) for tokens, ms in zip(self.expected_tokens(top), cycles)]
+        survival = self.survival(top)
+        cycles = self.costs.cycles_ms(top, self.ahead_rates(survival) if ahead else None)
+        return [tokens / max(ms, 1e-6) for tokens, ms in zip(accumulate(survival), cycles)]
 
     def choose(self, limit: int | None = None, ahead: bool = False) -> int:
         """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1); ahead: the loop

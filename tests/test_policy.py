@@ -556,7 +556,7 @@ def test_drafting_ahead_saves_the_draft_call_it_guesses():
     costs, alpha, survival = policy.costs, policy.alpha, policy.survival(8)
     guessed = (policy.pair.hits + 2 * alpha) / (policy.pair.guesses + 2)
     assert guessed > 0.9
-    plain, ahead = costs.cycles_ms(8), costs.cycles_ms(8, policy.ahead_rates(8))
+    plain, ahead = costs.cycles_ms(8), costs.cycles_ms(8, policy.ahead_rates(survival))
     for g in range(1, 9):
         draft_call = costs.draft_call.at(g) + costs.draft_overhead.at(g) + costs.draft_latency.at(g)
         saved = survival[g] * guessed * (g * costs.draft_ms_per_token() + draft_call)
@@ -566,7 +566,8 @@ def test_drafting_ahead_saves_the_draft_call_it_guesses():
     assert policy.tokens_per_ms(3, ahead=True) > policy.tokens_per_ms(3)
     for _ in range(200):  # guesses that never come true save nothing
         replica.for_session().observe(remote_cycle(4, 4, guessed=False))
-    assert max(replica.for_session().ahead_rates(8)) < 0.05
+    session = replica.for_session()
+    assert max(session.ahead_rates(session.survival(8))) < 0.05
 
 
 def test_drafting_ahead_past_rejections_saves_the_draft_call_after_them_too():
@@ -582,7 +583,7 @@ def test_drafting_ahead_past_rejections_saves_the_draft_call_after_them_too():
     bonus = (pair.hits + 2 * alpha) / (pair.guesses + 2)
     recovered = (pair.recoveries + alpha) / (pair.rejections + 2)
     assert 0.6 < recovered < 0.7
-    rates, bonus_only = policy.ahead_rates(8), replace(policy, ahead_rejections=0).ahead_rates(8)
+    rates, bonus_only = policy.ahead_rates(survival), replace(policy, ahead_rejections=0).ahead_rates(survival)
     assert rates[0] == 0.0
     for g in range(1, 9):
         assert rates[g] == pytest.approx(survival[g] * bonus + (1 - survival[min(g, 2)]) * recovered)
@@ -591,7 +592,9 @@ def test_drafting_ahead_past_rejections_saves_the_draft_call_after_them_too():
     for _ in range(300):
         replica.for_session().observe(replace(remote_cycle(4, 0), recovered=False))
     never = replica.for_session()
-    assert never.ahead_rates(8)[4] == pytest.approx(replace(never, ahead_rejections=0).ahead_rates(8)[4], abs=0.01)
+    survival = never.survival(8)
+    assert never.ahead_rates(survival)[4] == pytest.approx(
+        replace(never, ahead_rejections=0).ahead_rates(survival)[4], abs=0.01)
 
 
 def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
