@@ -275,6 +275,7 @@ def test_an_adaptive_session_gets_its_first_token_from_the_target_alone(workers,
         ahead, cycles, _ = _generate(workers, redis_url, pair, prompt, params, None, True, f"first-ahead-{i}", 20)
         plain, plain_cycles, _ = _generate(workers, redis_url, pair, prompt, params, None, False, f"first-{i}", 20)
         same = len(ahead) if params.greedy else _tokens_before_parting(cycles, plain_cycles)
+        assert not params.greedy or ahead == hf_greedy(target_model, prompt, 20)
         assert same >= cycles[0].output_tokens + cycles[1].output_tokens and ahead[:same] == plain[:same]
         assert [(c[0].gamma, c[0].draft_ms, c[0].output_tokens) for c in (cycles, plain_cycles)] == [(0, 0.0, 1)] * 2
         assert cycles[0].ahead_ms > 0 and plain_cycles[0].ahead_ms == 0
