@@ -50,6 +50,7 @@ from tandem.bench.runs import cluster_mode, concurrent_runs
 from tandem.bench.summary import acceptance, concurrency_row, cycles
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
+from tandem.capacity import pass_ms as capacity_pass_ms
 from tandem.cli import HELDOUT_PROMPTS, default_pair
 from tandem.math.analytic import expected_tokens
 from tandem.orchestrator.config import OrchestratorConfig
@@ -366,7 +367,8 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       transport at zero delay (gRPC's encoding, the delay proxy's relaying, the event loops),
       the round trip as what the transport takes more at the point's delay, and the
       orchestrator's time per cycle;
-    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ;
+    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, and a
+      draft-ahead call's per step (_ahead_step_ms);
     - drafting ahead's rates of right guesses (_fit_guess_rates)."""
     workload = point["workload"]
     alone = [r for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r["mode"] != "adaptive"]
@@ -383,7 +385,19 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
                  orchestrator_ms=plain[0.0]["orchestration_ms"],
                  call_ms=max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"],
-                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]), prompt_tokens=prompt)
+                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
+                 ahead_step_ms=_ahead_step_ms(alone, passes), prompt_tokens=prompt)
+
+
+def _ahead_step_ms(alone: list[dict], passes: dict) -> float | None:
+    """A draft-ahead call's CPU per step besides its pass (Costs.ahead_step_ms): the mean, over
+    the lone fixed-γ runs, of what their draft-ahead calls took (their compute, per cycle) per
+    step (γ + 1 of them) beyond a pass of their chains; None without draft-ahead calls."""
+    rejections = OrchestratorConfig.ahead_rejections
+    draft = tuple(sorted(passes["draft"].items()))
+    beyond = [r["cycle"]["ahead_ms"] / (gamma + 1) - capacity_pass_ms(draft, 1 + min(gamma, rejections))
+              for r in alone if (gamma := _gamma_of(r["mode"])) and r["cycle"].get("ahead_ms")]
+    return max(0.0, float(np.mean(beyond))) if beyond else None
 
 
 def _fit_guess_rates(alone: list[dict]) -> tuple[float, float]:

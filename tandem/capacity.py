@@ -22,11 +22,12 @@ together, as cohorts.
 
 Drafting ahead (Cluster.draft_ahead), as tandem.orchestrator.cycle does it for a session alone in
 its replica: with a drafted block's verify goes a draft-ahead call to its drafter, γ + 1 steps of
-1 + min(γ, ahead_rejections) rows (a chain under a guess of the bonus token and under a guess of
-the recovered token at each of the block's first positions), and the cycle ends once both have
-answered. When the verify ends as a guess did (the block accepted whole and the bonus guessed,
-Costs.bonus_guess of the time; or rejected at a position drafted past and the recovered token
-guessed, Costs.recovered_guess), the next cycle's block is ready: its verify goes at once.
+1 + min(γ, ahead_rejections) chains (one under a guess of the bonus token and one under a guess
+of the recovered token at each of the block's first positions) in one job, each step one pass of
+them and Costs.ahead_step_ms of CPU, and the cycle ends once both have answered. When the verify
+ends as a guess did (the block accepted whole and the bonus guessed, Costs.bonus_guess of the
+time; or rejected at a position drafted past and the recovered token guessed,
+Costs.recovered_guess), the next cycle's block is ready: its verify goes at once.
 
 A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
 back to back; a pass takes the next step of the waiting jobs in arrival order, whole, while they
@@ -115,6 +116,10 @@ class Costs:
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
     call_ms: float = 0.0  # a worker's CPU per call outside its passes
     draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
+    # A draft-ahead call's CPU per step besides its pass (None: draft_token_ms). Its chains are one
+    # job whose steps are one pass each, whatever the chains: measured, its steps take as long at 2
+    # chains as at 9, and at T = 1 longer than a plain draft call's (the guesses' distributions).
+    ahead_step_ms: float | None = None
     # CPU per cycle that no call waits for: its tokens streamed to the client (the replica, the
     # ingress's proxy, the client), its commit in Redis's server. It only loads a host's shared cores.
     background_ms: float = 0.0
@@ -130,6 +135,7 @@ class Costs:
         for name in ("draft_pass", "target_pass"):
             _check_pass(name, getattr(self, name))
         _require(pass_ms(self.target_pass, 1) > 0, "target_pass", "must cost > 0 (intercept + slope)")
+        _require(self.ahead_step_ms is None or 0 <= self.ahead_step_ms < math.inf, "ahead_step_ms", "must be >= 0")
         for name in ("alpha", "bonus_guess", "recovered_guess"):
             value = getattr(self, name)
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
@@ -478,8 +484,17 @@ class _Run:
         """A row's last step ran; once the call's last has, the worker's CPU answers the call."""
         call.left -= 1
         if call.left == 0:
-            drafted = sum(steps * tokens for _, steps, tokens in call.rows) if call.kind != _VERIFY else 0
-            self.cores.start(self.costs.call_ms + drafted * self.costs.draft_token_ms, _CALL_END, call)
+            self.cores.start(self.costs.call_ms + self.drafting_ms(call), _CALL_END, call)
+
+    def drafting_ms(self, call: _Call) -> float:
+        """A draft call's CPU besides its passes, per step of each row (a session's job):
+        draft_token_ms, or a draft-ahead call's ahead_step_ms."""
+        if call.kind == _VERIFY:
+            return 0.0
+        per_step = self.costs.draft_token_ms
+        if call.kind == _AHEAD and self.costs.ahead_step_ms is not None:
+            per_step = self.costs.ahead_step_ms
+        return per_step * sum(steps for _, steps, _ in call.rows)
 
     def call_end(self, call: _Call) -> None:
         slots = [row[0] for row in call.rows]

@@ -971,6 +971,8 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes (default 0)")
     cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
                                                               "passes (default 0)")
+    cluster.add_argument("--ahead-step-ms", type=float, help="with --draft-ahead: a draft-ahead call's CPU per step "
+                                                             "besides its pass (default: --draft-token-ms)")
     cluster.add_argument("--background-ms", type=float, help="CPU per cycle that no call waits for (streaming the "
                                                              "tokens, Redis's server): it loads --host-cores only "
                                                              "(default 0)")

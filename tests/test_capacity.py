@@ -221,7 +221,8 @@ def test_cli_json(capsys):
     assert set(out) == {"costs", "sessions", "replicas", "host_cores", "draft_gpu_cost", "recommended",
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "background_ms": 0.0,
+                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "ahead_step_ms": None,
+                            "background_ms": 0.0,
                             "prompt_tokens": 128, "bonus_guess": None, "recovered_guess": None,
                             "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
@@ -255,11 +256,11 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
     out = run_json(capsys, *small)
-    assert out["costs"] == measured | {"bonus_guess": None, "recovered_guess": None}
+    assert out["costs"] == measured | {"ahead_step_ms": None, "bonus_guess": None, "recovered_guess": None}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 2)]
     over = run_json(capsys, *small, "--rtt-ms", "20", "--target-ms", "9,0.25", "--alpha", "0.5")
     assert over["costs"] == {**measured, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5,
-                             "bonus_guess": None, "recovered_guess": None}
+                             "ahead_step_ms": None, "bonus_guess": None, "recovered_guess": None}
     assert over["rows"][1]["tokens_per_s"] < out["rows"][1]["tokens_per_s"]
 
 
@@ -272,6 +273,7 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     (["--sessions", "0"], "tandem plan: --sessions must be >= 1"),
     (["--host-cores", "-1"], "tandem plan: --host-cores must be >= 0"),
     (["--draft-token-ms", "-1"], "tandem plan: --draft-token-ms must be >= 0"),
+    (["--ahead-step-ms", "-1"], "tandem plan: --ahead-step-ms must be >= 0"),
     (["--verifiers", "0"], "tandem plan: --verifiers must be >= 1"),
     (["--replicas", "0"], "tandem plan: --replicas must be >= 1"),
     (["--max-drafters-per-verifier", "-1"], "tandem plan: --max-drafters-per-verifier must be in [0, 64]"),
@@ -359,15 +361,20 @@ def test_background_work_loads_shared_cores_only():
 def test_a_lone_session_that_always_guesses_right_only_waits_for_its_verifies():
     """Every block accepted whole and its bonus guessed: after its first cycle every cycle's
     block was drafted ahead, so a cycle is its verify call or its draft-ahead call, whichever is
-    longer (they run side by side), and the orchestrator's time."""
+    longer (they run side by side), and the orchestrator's time. The draft-ahead call is one job
+    of 1 + min(γ, R) chains: a step is one pass of them and ahead_step_ms (draft_token_ms where
+    that is not given)."""
     costs = Costs(draft_pass=(2.0, 0.5), target_pass=(20.0, 0.1), alpha=1.0, rtt_ms=10.0, orchestrator_ms=0.5,
                   call_ms=0.3, draft_token_ms=0.05, bonus_guess=1.0)
     gamma = 4
-    for draft_pass, slower in (((2.0, 0.5), "verify"), ((8.0, 0.5), "ahead")):
-        c = replace(costs, draft_pass=draft_pass)
-        got = simulate(c, Cluster(1, 1, 1, tokens_per_session=ENDLESS, draft_ahead=True), gamma)
-        verify = 10.0 + 20.0 + 0.1 * (gamma + 1) + 0.3
-        ahead = 10.0 + (gamma + 1) * sum(draft_pass) + 0.3 + (gamma + 1) * 0.05  # γ + 1 steps of one row
+    verify = 10.0 + 20.0 + 0.1 * (gamma + 1) + 0.3
+    for draft_pass, rejections, step, slower in (((2.0, 0.5), 0, None, "verify"), ((8.0, 0.5), 0, None, "ahead"),
+                                                 ((2.0, 0.5), 2, 0.5, "verify"), ((2.0, 0.5), 2, 1.0, "ahead")):
+        c = replace(costs, draft_pass=draft_pass, ahead_step_ms=step)
+        cluster = Cluster(1, 1, 1, tokens_per_session=ENDLESS, draft_ahead=True, ahead_rejections=rejections)
+        got = simulate(c, cluster, gamma)
+        per_step = pass_ms(draft_pass, 1 + rejections) + (0.05 if step is None else step)
+        ahead = 10.0 + (gamma + 1) * per_step + 0.3
         assert max(verify, ahead) == (verify if slower == "verify" else ahead)
         assert got.tokens_per_s == pytest.approx(1e3 * (gamma + 1) / (max(verify, ahead) + 0.5), rel=1e-9)
         assert got.drafted_ahead_share == 1.0
