@@ -47,7 +47,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
 from tandem.bench.runs import cluster_mode, concurrent_runs
-from tandem.bench.summary import acceptance, concurrency_row, cycles
+from tandem.bench.summary import acceptance, acceptance_by_position, concurrency_row, cycles
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
 from tandem.capacity import pass_ms as capacity_pass_ms
@@ -107,7 +107,7 @@ def _prompts(target: str) -> list[list[int]]:
 
 # What a sweep keeps of each run (tandem.bench.summary's row, and the machine's CPU per cycle).
 SWEEP_FIELDS = ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms", "mean_gamma", "acceptance_rate",
-                "mean_acceptance_length", "cycle", "cpu_ms_per_cycle")
+                "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle")
 
 
 def sweep(args) -> None:
@@ -137,6 +137,7 @@ def sweep(args) -> None:
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              round_seed(args.seed, repeat), ignore_eos=True)
                 row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
+                row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
                 row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
                 rows.append({"delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload, "mode": mode,
                              "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})

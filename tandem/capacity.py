@@ -41,9 +41,10 @@ delays the call, not the passes). Each worker and replica has a processor of its
 cluster shares a host's cores (Cluster.host_cores, as the test bed's processes share 2): then
 passes, calls, the orchestrator's cycles and the background work all run on those cores, shared as
 an OS shares them (_Cores); background_ms counts only there. A drafting cycle accepts k tokens,
-drawn i.i.d. (each drafted token accepted with probability α until the first rejection, k ≤ γ),
-and outputs k + 1 (a prefill: 1); the last cycle of a session outputs only what the session still
-lacks.
+drawn by block position (the j-th drafted token accepted with probability a_j once the ones
+before it were, until the first rejection, k ≤ γ: Costs.acceptance_by_position, or α at every
+position), and outputs k + 1 (a prefill: 1); the last cycle of a session outputs only what the
+session still lacks.
 
 Measuring. Slots start mid-session at uniformly drawn points, their first cycles spread over
 a lone cycle (as a cluster in its steady state has them), and the first thousand cycles (eight
@@ -70,12 +71,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 import random
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 
-from tandem.math.analytic import expected_tokens
 
 MAX_GAMMA = 16
 # The window (simulate's docstring): cycles thrown away first, and blocks of cycles measured
@@ -111,11 +112,15 @@ class Costs:
 
     draft_pass: tuple
     target_pass: tuple
-    alpha: float  # the i.i.d. chance that a drafted token is accepted
+    alpha: float  # the chance that a drafted token is accepted, i.i.d. (unless acceptance_by_position)
     rtt_ms: float = 0.0  # orchestrator ↔ worker round trip, once per call
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
     call_ms: float = 0.0  # a worker's CPU per call outside its passes
     draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
+    # a_1, a_2, …: the chance that a block's j-th drafted token is accepted, the ones before it
+    # accepted (past the last, the last), as tandem's γ policy learns it; None: α at every position.
+    # Acceptance is bursty: a block that got far is in text the draft follows.
+    acceptance_by_position: tuple[float, ...] | None = None
     # A draft-ahead call's CPU per step besides its pass (None: draft_token_ms). Its chains are one
     # job whose steps are one pass each, whatever the chains: measured, its steps take as long at 2
     # chains as at 9, and at T = 1 longer than a plain draft call's (the guesses' distributions).
@@ -136,6 +141,9 @@ class Costs:
             _check_pass(name, getattr(self, name))
         _require(pass_ms(self.target_pass, 1) > 0, "target_pass", "must cost > 0 (intercept + slope)")
         _require(self.ahead_step_ms is None or 0 <= self.ahead_step_ms < math.inf, "ahead_step_ms", "must be >= 0")
+        _require(self.acceptance_by_position is None or len(self.acceptance_by_position) >= 1
+                 and all(0 <= a <= 1 for a in self.acceptance_by_position), "acceptance_by_position",
+                 "must be one or more numbers in [0, 1]")
         for name in ("alpha", "bonus_guess", "recovered_guess"):
             value = getattr(self, name)
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
@@ -145,6 +153,14 @@ class Costs:
         for name in ("prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
+
+    def survival(self, gamma: int) -> list[float]:
+        """P(a block's first i drafted tokens are accepted), i = 0 … γ."""
+        return block_survival(self.alpha, self.acceptance_by_position, gamma)
+
+    def expected_tokens(self, gamma: int) -> float:
+        """E[tokens a cycle outputs | γ]: the accepted ones and the bonus or recovered one."""
+        return sum(self.survival(gamma))
 
     @classmethod
     def from_fields(cls, values: dict) -> Costs:
@@ -161,6 +177,13 @@ class Costs:
         return cls(**{name: _kind(name, known[name].type, value) for name, value in values.items()})
 
 
+def block_survival(alpha: float, by_position: Sequence[float] | None, gamma: int) -> list[float]:
+    """P(a block's first i drafted tokens are accepted), i = 0 … γ: the products of the positions'
+    acceptance (past the last given, the last), or of α at every position."""
+    each = (by_position[min(j, len(by_position) - 1)] if by_position else alpha for j in range(gamma))
+    return list(itertools.accumulate(each, operator.mul, initial=1.0))
+
+
 def _kind(name: str, kind: str, value):
     """A value as its field's type (the dataclass's annotation, a string here): a pass is two
     numbers or pairs of them, a float a number, an int an integer; bools are neither."""
@@ -169,6 +192,9 @@ def _kind(name: str, kind: str, value):
 
     if value is None and "None" in kind:
         return None
+    if kind.startswith("tuple[float"):
+        _require(isinstance(value, (list, tuple)) and all(map(number, value)), name, "must be a list of numbers")
+        return tuple(float(x) for x in value)
     if kind == "tuple":
         _require(isinstance(value, (list, tuple)) and value and (
             len(value) == 2 and all(map(number, value))
@@ -287,13 +313,18 @@ def lone_cycle_ms(costs: Costs, gamma: int) -> float:
 
 def closed_form_tokens_per_s(costs: Costs, gamma: int) -> float:
     """One session alone on its drafter, verifier and replica, never ending: each cycle takes
-    lone_cycle_ms and yields expected_tokens(α, γ) on average, so (renewal-reward) tokens/s is
+    lone_cycle_ms and yields Costs.expected_tokens(γ) on average, so (renewal-reward) tokens/s is
     their ratio."""
-    return 1e3 * expected_tokens(costs.alpha, gamma) / lone_cycle_ms(costs, gamma)
+    return 1e3 * costs.expected_tokens(gamma) / lone_cycle_ms(costs, gamma)
 
 
-def _accepted(rng: random.Random, alpha: float, gamma: int) -> int:
-    """k, the drafted tokens accepted: P(k >= j) = α^j for j <= γ (one uniform draw, inverted)."""
+def _accepted(rng: random.Random, costs: Costs, gamma: int) -> int:
+    """k, the drafted tokens accepted: P(k >= j) = P(the block's first j accepted) for j <= γ (one
+    uniform draw, inverted; by position, against the survival)."""
+    if costs.acceptance_by_position is not None:
+        u = rng.random()
+        return sum(1 for p in costs.survival(gamma)[1:] if u < p)
+    alpha = costs.alpha
     if alpha <= 0.0 or gamma == 0:
         return 0
     if alpha >= 1.0:
@@ -417,8 +448,8 @@ class _Run:
         self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # answered slots, in order
         self.cores = _Cores(self, cluster.host_cores)
         self.half_rtt = costs.rtt_ms / 2
-        # E[min(k + 1, left)] = expected_tokens(α, left - 1) while left <= γ + 1 (the module's docstring).
-        self.expected = [0.0] + [expected_tokens(costs.alpha, min(n - 1, gamma)) for n in range(1, gamma + 2)]
+        # E[min(k + 1, left)] = E[tokens | γ = left - 1] while left <= γ + 1 (the module's docstring).
+        self.expected = [0.0] + [costs.expected_tokens(min(n - 1, gamma)) for n in range(1, gamma + 2)]
         self.heap: list = []
         self.tick = itertools.count().__next__  # ties in time go in the order they were made
         self.now = 0.0
@@ -563,7 +594,7 @@ class _Run:
                 self.steady_cycles += 1
                 self.drafting_cycles += self.gamma > 0
                 self.ready_cycles += self.ready[slot]
-            accepted = _accepted(self.rng, self.costs.alpha, self.gamma)
+            accepted = _accepted(self.rng, self.costs, self.gamma)
             self.left[slot] = left - min(left, accepted + 1)
             self.ready[slot] = self.ahead[slot] and self.guessed(accepted)
         if self.left[slot]:

@@ -466,6 +466,14 @@ def _dest(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
+def _numbers(flag: str, text: str) -> list[float]:
+    """A flag's comma-separated numbers."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"tandem plan: {flag} must be numbers separated by commas, got {text!r}") from None
+
+
 def _pass_line(flag: str, text: str) -> tuple[float, float]:
     """--draft-ms / --target-ms: "INTERCEPT,SLOPE" → (intercept, slope)."""
     try:
@@ -492,7 +500,8 @@ def _plan_costs(args):
     for field, flag in cost_flags.items():
         given = getattr(args, _dest(flag))
         if given is not None:
-            values[field] = _pass_line(flag, given) if field.endswith("_pass") else given
+            values[field] = (_pass_line(flag, given) if field.endswith("_pass")
+                             else _numbers(flag, given) if field == "acceptance_by_position" else given)
             from_file.discard(field)
     try:
         return Costs.from_fields(values)
@@ -968,6 +977,9 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--target-ms", metavar="INTERCEPT,SLOPE", help="a verify pass: ms + ms per token in it")
     cluster.add_argument("--rtt-ms", type=float, help="orchestrator-worker round trip (default 0)")
     cluster.add_argument("--orchestrator-ms", type=float, help="orchestrator CPU per cycle (default 0)")
+    cluster.add_argument("--acceptance-by-position", metavar="A1,A2,...", help="a block's acceptance per "
+                         "position, each given the ones before it (past the last, the last; default: --alpha at "
+                         "every position)")
     cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes (default 0)")
     cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
                                                               "passes (default 0)")

@@ -49,6 +49,26 @@ def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
     assert got.per_session_tokens_per_s == got.tokens_per_s
 
 
+@pytest.mark.parametrize("gamma", [1, 4, 8])
+def test_acceptance_by_position_is_its_closed_form_and_draws_by_position(gamma):
+    """Bursty acceptance, a_j rising along the block (past the last given, the last): alone, a
+    cycle yields Σ_i Π_{j≤i} a_j tokens, and a block is accepted whole Π_{j≤γ} a_j of the time
+    (the share drafting ahead then finds ready, its bonus always guessed), not α^γ."""
+    rates = (0.5, 0.7, 0.9)
+    costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=0.6, acceptance_by_position=rates,
+                  rtt_ms=1.0, orchestrator_ms=0.5, call_ms=0.3)
+    survival = [1.0]
+    for j in range(gamma):
+        survival.append(survival[-1] * rates[min(j, len(rates) - 1)])
+    expected = closed_form_tokens_per_s(costs, gamma)
+    assert expected == pytest.approx(1e3 * sum(survival) / lone_cycle_ms(costs, gamma), rel=1e-12)
+    assert lone(costs, gamma).tokens_per_s == pytest.approx(expected, rel=1e-9)
+    guessing = replace(costs, bonus_guess=1.0, recovered_guess=0.0)
+    ahead = simulate(guessing, Cluster(1, 1, 1, tokens_per_session=ENDLESS, draft_ahead=True), gamma)
+    assert ahead.drafted_ahead_share == pytest.approx(survival[-1], abs=0.02)
+    assert abs(survival[-1] - costs.alpha**gamma) > 0.05  # what i.i.d. draws would have found
+
+
 @pytest.mark.parametrize("host_cores, share", [(1, 0.5), (2, 1.0), (3, 1.0), (0, 1.0)])
 def test_sessions_on_shared_cores(host_cores, share):
     """Two sessions on two verifiers, nothing between their passes: on one core both passes
@@ -221,8 +241,8 @@ def test_cli_json(capsys):
     assert set(out) == {"costs", "sessions", "replicas", "host_cores", "draft_gpu_cost", "recommended",
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "ahead_step_ms": None,
-                            "background_ms": 0.0,
+                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "acceptance_by_position": None,
+                            "ahead_step_ms": None, "background_ms": 0.0,
                             "prompt_tokens": 128, "bonus_guess": None, "recovered_guess": None,
                             "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
@@ -256,11 +276,11 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
     out = run_json(capsys, *small)
-    assert out["costs"] == measured | {"ahead_step_ms": None, "bonus_guess": None, "recovered_guess": None}
+    unset = {"acceptance_by_position": None, "ahead_step_ms": None, "bonus_guess": None, "recovered_guess": None}
+    assert out["costs"] == measured | unset
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 2)]
     over = run_json(capsys, *small, "--rtt-ms", "20", "--target-ms", "9,0.25", "--alpha", "0.5")
-    assert over["costs"] == {**measured, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5,
-                             "ahead_step_ms": None, "bonus_guess": None, "recovered_guess": None}
+    assert over["costs"] == {**measured, **unset, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5}
     assert over["rows"][1]["tokens_per_s"] < out["rows"][1]["tokens_per_s"]
 
 
@@ -274,6 +294,10 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     (["--host-cores", "-1"], "tandem plan: --host-cores must be >= 0"),
     (["--draft-token-ms", "-1"], "tandem plan: --draft-token-ms must be >= 0"),
     (["--ahead-step-ms", "-1"], "tandem plan: --ahead-step-ms must be >= 0"),
+    (["--acceptance-by-position", "0.5,x"], "tandem plan: --acceptance-by-position must be numbers separated by "
+                                            "commas, got '0.5,x'"),
+    (["--acceptance-by-position", "0.5,1.5"], "tandem plan: --acceptance-by-position must be one or more numbers "
+                                              "in [0, 1]"),
     (["--verifiers", "0"], "tandem plan: --verifiers must be >= 1"),
     (["--replicas", "0"], "tandem plan: --replicas must be >= 1"),
     (["--max-drafters-per-verifier", "-1"], "tandem plan: --max-drafters-per-verifier must be in [0, 64]"),
