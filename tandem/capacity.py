@@ -74,7 +74,7 @@ import math
 import operator
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 
 
@@ -155,8 +155,11 @@ class Costs:
             _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
 
     def survival(self, gamma: int) -> list[float]:
-        """P(a block's first i drafted tokens are accepted), i = 0 … γ."""
-        return block_survival(self.alpha, self.acceptance_by_position, gamma)
+        """P(a block's first i drafted tokens are accepted), i = 0 … γ: the products of the
+        positions' acceptance (past the last given, the last), or of α at every position."""
+        rates = self.acceptance_by_position
+        each = (rates[min(j, len(rates) - 1)] if rates else self.alpha for j in range(gamma))
+        return list(itertools.accumulate(each, operator.mul, initial=1.0))
 
     def expected_tokens(self, gamma: int) -> float:
         """E[tokens a cycle outputs | γ]: the accepted ones and the bonus or recovered one."""
@@ -175,13 +178,6 @@ class Costs:
         if missing:
             raise InvalidInput(missing[0], "is missing")
         return cls(**{name: _kind(name, known[name].type, value) for name, value in values.items()})
-
-
-def block_survival(alpha: float, by_position: Sequence[float] | None, gamma: int) -> list[float]:
-    """P(a block's first i drafted tokens are accepted), i = 0 … γ: the products of the positions'
-    acceptance (past the last given, the last), or of α at every position."""
-    each = (by_position[min(j, len(by_position) - 1)] if by_position else alpha for j in range(gamma))
-    return list(itertools.accumulate(each, operator.mul, initial=1.0))
 
 
 def _kind(name: str, kind: str, value):
