@@ -314,12 +314,13 @@ def closed_form_tokens_per_s(costs: Costs, gamma: int) -> float:
     return 1e3 * costs.expected_tokens(gamma) / lone_cycle_ms(costs, gamma)
 
 
-def _accepted(rng: random.Random, costs: Costs, gamma: int) -> int:
-    """k, the drafted tokens accepted: P(k >= j) = P(the block's first j accepted) for j <= γ (one
-    uniform draw, inverted; by position, against the survival)."""
+def _accepted(rng: random.Random, costs: Costs, survival: list[float]) -> int:
+    """k, the drafted tokens accepted: P(k >= j) = survival[j], the block's first j accepted, for
+    j <= γ (survival: Costs.survival(γ)), by one uniform draw, inverted (i.i.d.: in closed form)."""
+    gamma = len(survival) - 1
     if costs.acceptance_by_position is not None:
         u = rng.random()
-        return sum(1 for p in costs.survival(gamma)[1:] if u < p)
+        return sum(1 for p in survival[1:] if u < p)
     alpha = costs.alpha
     if alpha <= 0.0 or gamma == 0:
         return 0
@@ -444,8 +445,9 @@ class _Run:
         self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # answered slots, in order
         self.cores = _Cores(self, cluster.host_cores)
         self.half_rtt = costs.rtt_ms / 2
-        # E[min(k + 1, left)] = E[tokens | γ = left - 1] while left <= γ + 1 (the module's docstring).
-        self.expected = [0.0] + [costs.expected_tokens(min(n - 1, gamma)) for n in range(1, gamma + 2)]
+        self.survival = costs.survival(gamma)  # P(a block's first i tokens accepted), i = 0 … γ
+        # E[min(k + 1, left)] = Σ_{i < left} survival[i] while left <= γ + 1 (the module's docstring).
+        self.expected = [0.0, *itertools.accumulate(self.survival)]
         self.heap: list = []
         self.tick = itertools.count().__next__  # ties in time go in the order they were made
         self.now = 0.0
@@ -590,7 +592,7 @@ class _Run:
                 self.steady_cycles += 1
                 self.drafting_cycles += self.gamma > 0
                 self.ready_cycles += self.ready[slot]
-            accepted = _accepted(self.rng, self.costs, self.gamma)
+            accepted = _accepted(self.rng, self.costs, self.survival)
             self.left[slot] = left - min(left, accepted + 1)
             self.ready[slot] = self.ahead[slot] and self.guessed(accepted)
         if self.left[slot]:
