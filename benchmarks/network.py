@@ -6,27 +6,33 @@ capacity simulator's predictions against those measurements.
     .venv/bin/python benchmarks/network.py sweep [--delays 0,1,5,20] [--gammas 0-4,6,8,auto] [--repeats 4]
     .venv/bin/python benchmarks/network.py calibrate             # after a sweep
     .venv/bin/python benchmarks/network.py runahead [--settings off,1,1+8]   # drafting ahead for more outcomes
-    .venv/bin/python benchmarks/network.py --smoke --out DIR     # sweep, calibrate, runahead at a tiny size
+    .venv/bin/python benchmarks/network.py sweep --drafter model --out results/network_drafters/model
+    .venv/bin/python benchmarks/network.py drafters              # the drafters' sweeps side by side
+    .venv/bin/python benchmarks/network.py --smoke --out DIR     # each subcommand at a tiny size
 
 The test bed (tandem.bench.testbed, tandem.bench.network) puts the orchestrator, the draft worker
 and the target verifier each in a network namespace of its own, on its own address, and runs
 every orchestrator↔worker link through a user-space delay proxy (the kernel here has no netem).
-`up` starts it, prints the ingress and the link addresses, and takes the proxy's commands on
-stdin (`delay * 20`, `drop draft-0`, ...). `sweep` runs, per delay, workload (greedy, T = 1) and
+`up` starts it, prints the ingress and the link addresses, and takes the proxy's commands on stdin
+(`delay * 20`, `drop draft-0`, ...). `sweep` runs, per delay, workload (greedy, T = 1) and
 sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos so that every
 stream is max_tokens long, --repeats times in a new order and with new sampling seeds each round;
 a point's tokens/s per mode is its median run, adaptive's ratio to the best fixed γ is also paired
-round by round (with its 95 % interval), and it times both models' passes before and after its points. Needs root
-(network namespaces). `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the
-bed's processes sharing the host's cores, from costs measured apart from it (`_costs`). `runahead`
-measures a lone session's tokens/s against the delay with drafting ahead off and for guesses of the
-bonus token and of the recovered tokens (`tandem orchestrator --ahead-guesses G --ahead-rejections
-R`), one cluster per setting and round, the settings in a new order each round. `--smoke` runs
-sweep, calibrate on that sweep and runahead at a tiny size (SMOKE), everything under --out: the
-code path, not numbers to read.
+round by round (with its 95 % interval), and it times both models' passes before and after its
+points. Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own
+host (hybrid, the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its
+blocks cross only the verifier's link). `drafters` puts several drafters' sweeps side by side.
+`calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the bed's processes sharing
+the host's cores, from costs measured apart from it (`_costs`). `runahead` measures a lone
+session's tokens/s against the delay with drafting ahead off and for guesses of the bonus token
+and of the recovered tokens (`tandem orchestrator --ahead-guesses G --ahead-rejections R`), one
+cluster per setting and round, the settings in a new order each round. `--smoke` runs sweep,
+calibrate and drafters on that sweep, and runahead at a tiny size (SMOKE), everything
+under --out: the code path, not numbers to read.
 
 Writes sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png} to --out (sweep,
-calibrate and runahead take it; default results/network).
+calibrate and runahead take it; default results/network), drafters.{md,png} to drafters' --out
+(default results/network_drafters).
 """
 
 import argparse
@@ -51,7 +57,7 @@ from tandem.bench.summary import acceptance, acceptance_by_position, concurrency
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
 from tandem.capacity import pass_ms as capacity_pass_ms
-from tandem.cli import HELDOUT_PROMPTS, default_pair
+from tandem.cli import HELDOUT_PROMPTS, default_pair, head_for
 from tandem.math.analytic import expected_tokens
 from tandem.orchestrator.config import OrchestratorConfig
 from tandem.services.llama import LlamaPass
@@ -63,6 +69,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "network"
+DRAFTERS_OUT = OUT.parent / "network_drafters"  # `sweep --drafter D --out DRAFTERS_OUT/D`, `drafters`
+# sweep --drafter's choices (tandem.local.DRAFTERS but "self", which would need its exit layer).
+NETWORK_DRAFTERS = ("hybrid", "model", "ngram", "head")
 WORKLOADS = ("greedy", "sampled")
 
 
@@ -124,7 +133,8 @@ def sweep(args) -> None:
     # after the points, for the drift (a pass here can take 25 % more or less an hour later).
     prompt = round(sum(map(len, prompts)) / len(prompts))
     timings = [time_passes(draft, target, prompt, args.pass_repetitions)]
-    with NetworkCluster(draft, target, delay_ms=delays[0]) as cluster:
+    with NetworkCluster(draft, target, delay_ms=delays[0], drafter=args.drafter,
+                        head=head_for(args.drafter, None)) as cluster:
         concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 2, 0)  # warm-up
         start = time.time()
         for i, (delay, workload, in_flight) in enumerate(points):
@@ -139,8 +149,8 @@ def sweep(args) -> None:
                 row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
                 row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
                 row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
-                rows.append({"delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload, "mode": mode,
-                             "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
+                rows.append({"drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
+                             "workload": workload, "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
             best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])
             print(f"[{i + 1}/{len(points)}, {time.time() - start:.0f} s] delay {delay:g} ms, {workload}, "
                   f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
@@ -258,6 +268,60 @@ def plot_runahead(medians: dict[tuple, dict], settings: list[str], path: Path) -
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def drafters(args) -> None:
+    """Sweeps of several drafters side by side (each a `sweep --drafter`'s sweep.json): per point,
+    γ = 0, each drafter's best fixed γ and its adaptive γ, in a table and a plot against delay."""
+    paths = [Path(p) / "sweep.json" for p in args.sweeps.split(",")] if args.sweeps else \
+        [OUT / "sweep.json", *sorted(DRAFTERS_OUT.glob("*/sweep.json"))]
+    rows = [r | {"drafter": r.get("drafter", "hybrid")} for p in paths if p.is_file()
+            for r in json.loads(p.read_text())["rows"]]
+    if not rows:
+        raise SystemExit(f"drafters: no sweep at {', '.join(map(str, paths))}")
+    points = {}  # (drafter, delay, workload, in flight) → (best, adaptive, γ = 0)
+    for key in sorted({(r["drafter"], *_key(r)) for r in rows}):
+        points[key] = _point([r for r in rows if (r["drafter"], *_key(r)) == key])
+    order = [d for d in NETWORK_DRAFTERS if any(k[0] == d for k in points)]
+    lines = ["| delay (ms) | workload | in flight | γ = 0 tokens/s | "
+             + " | ".join(f"{d}: best fixed γ, adaptive (mean γ)" for d in order) + " |", "|---" * (4 + len(order)) + "|"]
+    for delay, workload, in_flight in sorted({k[1:] for k in points}):
+        at = [points.get((d, delay, workload, in_flight)) for d in order]
+        zero = next((z["aggregate_tokens_per_s"] for _, _, z in filter(None, at) if z), float("nan"))
+        lines.append(f"| {delay:g} | {workload} | {in_flight} | {zero:.1f} | " + " | ".join(
+            f"{p[0]['aggregate_tokens_per_s']:.1f} (γ {_gamma_of(p[0]['mode'])}), "
+            + (f"{p[1]['aggregate_tokens_per_s']:.1f} ({p[1]['mean_gamma'] or 0:.2f})" if p[1] else "–")
+            if p else "–" for p in at) + " |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "drafters.md").write_text("\n".join(lines) + "\n")
+    plot_drafters(points, order, out / "drafters.png")
+    print((out / "drafters.md").read_text())
+
+
+def plot_drafters(points: dict[tuple, tuple], order: list[str], path: Path) -> None:
+    panels = sorted({(k[2], k[3]) for k in points})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, 4), squeeze=False, layout="constrained")
+    for ax, (workload, in_flight) in zip(axes[0], panels):
+        at = {k: p for k, p in points.items() if (k[2], k[3]) == (workload, in_flight)}
+        zero = sorted((k[1], p[2]["aggregate_tokens_per_s"]) for k, p in at.items() if k[0] == order[0] and p[2])
+        ax.plot(*zip(*zero), color="grey", linestyle=":", marker=".", label="γ = 0")
+        for i, drafter in enumerate(order):
+            color = f"C{i}"
+            adaptive = sorted((k[1], p[1]["aggregate_tokens_per_s"]) for k, p in at.items() if k[0] == drafter and p[1])
+            best = sorted((k[1], p[0]["aggregate_tokens_per_s"]) for k, p in at.items() if k[0] == drafter)
+            if adaptive:
+                ax.plot(*zip(*adaptive), color=color, marker="o", linewidth=2, label=f"{drafter}, adaptive γ")
+            ax.plot(*zip(*best), color=color, marker="x", linestyle="--", alpha=0.6, label=f"{drafter}, best fixed γ")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("one-way delay, orchestrator ↔ each worker (ms)")
+        ax.set_ylabel("tokens/s (all sessions)")
+        ax.set_title(f"{workload}, {in_flight} in flight")
+        ax.grid(alpha=0.3)
+    labelled = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(labelled.values(), labelled.keys(), loc="outside right center", fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -563,6 +627,7 @@ def plot(rows: list[dict], path: Path) -> None:
 SMOKE = (["sweep", "--delays", "0,1", "--gammas", "0-2,auto", "--workloads", "greedy", "--in-flight", "1",
           "--sessions", "2", "--max-tokens", "8", "--repeats", "1", "--pass-repetitions", "2"],
          ["calibrate"],
+         ["drafters", "--sweeps", "{out}"],
          ["runahead", "--settings", "off,2+2", "--delays", "1", "--workloads", "greedy", "--sessions", "1",
           "--max-tokens", "8", "--repeats", "1"])
 
@@ -570,6 +635,7 @@ SMOKE = (["sweep", "--delays", "0,1", "--gammas", "0-2,auto", "--workloads", "gr
 def smoke(parser: argparse.ArgumentParser, out: str) -> None:
     """SMOKE's subcommands in turn, each with --out `out`."""
     for argv in SMOKE:
+        argv = [a.format(out=out) for a in argv]
         args = _subcommand(parser.parse_args([*argv, "--out", out]))
         print(f"smoke: network.py {' '.join(argv)} --out {out}", flush=True)
         args.func(args)
@@ -578,7 +644,7 @@ def smoke(parser: argparse.ArgumentParser, out: str) -> None:
 def _subcommand(args: argparse.Namespace) -> argparse.Namespace:
     """A subcommand's arguments: its --out (else the one before it, else OUT), without the
     top-level options (sweep.json keeps its subcommand's arguments)."""
-    args.out = getattr(args, "out", None) or args.top_out or str(OUT)
+    args.out = getattr(args, "out", None) or args.top_out or str(DRAFTERS_OUT if args.func is drafters else OUT)
     del args.top_out, args.smoke
     return args
 
@@ -591,7 +657,7 @@ def _stop_on_sigterm() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="sweep, calibrate and runahead at a tiny size, into "
+    parser.add_argument("--smoke", action="store_true", help="each subcommand but up at a tiny size, into "
                                                              "--out (no subcommand)")
     # A destination of its own: a subcommand's defaults would overwrite a shared one.
     parser.add_argument("--out", dest="top_out", metavar="DIR",
@@ -606,6 +672,9 @@ def main() -> None:
     p_sweep = sub.add_parser("sweep", help="tokens/s against delay, per γ and the adaptive policy")
     p_sweep.add_argument("--delays", default="0,1,5,20", help="one-way delays in ms")
     p_sweep.add_argument("--jitter-ms", type=float, default=0.0)
+    p_sweep.add_argument("--drafter", choices=NETWORK_DRAFTERS, default="hybrid",
+                         help="who drafts: a draft worker on a host of its own (hybrid, model, ngram), or the "
+                              "verifier with the shipped EAGLE-3 head (head)")
     p_sweep.add_argument("--gammas", default="0-4,6,8,auto")
     p_sweep.add_argument("--workloads", default="greedy,sampled")
     p_sweep.add_argument("--in-flight", default="1,8")
@@ -631,6 +700,11 @@ def main() -> None:
     p_ahead.add_argument("--seed", type=int, default=0)
     p_ahead.add_argument("--out", help="where runahead.{json,md,png} go")
     p_ahead.set_defaults(func=runahead)
+    p_dr = sub.add_parser("drafters", help="the sweeps of several drafters side by side")
+    p_dr.add_argument("--sweeps", help="sweep directories, comma-separated (default: results/network and every "
+                                       "results/network_drafters/*)")
+    p_dr.add_argument("--out", help=f"where drafters.{{md,png}} go (default {DRAFTERS_OUT})")
+    p_dr.set_defaults(func=drafters)
     p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
     p_cal.add_argument("--sweep", help="a sweep's results (JSON; default: --out's sweep.json)")
     p_cal.add_argument("--out", help="where calibration.{json,md,png} go")
@@ -643,10 +717,10 @@ def main() -> None:
     args = parser.parse_args()
     func = getattr(args, "func", None)
     if args.smoke and (func or not args.top_out):
-        parser.error("--smoke takes --out DIR and no subcommand (it runs sweep, calibrate and runahead itself)")
+        parser.error("--smoke takes --out DIR and no subcommand (it runs the others itself)")
     if not args.smoke and not func:
-        parser.error("a subcommand (up, sweep, calibrate, runahead), or --smoke --out DIR")
-    if func is not calibrate and (reason := unavailable()):
+        parser.error("a subcommand (up, sweep, calibrate, runahead, drafters), or --smoke --out DIR")
+    if func not in (calibrate, drafters) and (reason := unavailable()):
         raise SystemExit(f"benchmarks/network.py: the test bed cannot run here: {reason}")
     _stop_on_sigterm()
     if args.smoke:

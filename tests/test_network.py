@@ -19,6 +19,7 @@ from support.loops import open_session, running_loop
 from support.references import hf_greedy
 from tandem.bench.delay_proxy import Delay, Link, apply, parse_link
 from tandem.bench import testbed as tb
+from tandem.bench.network import NetworkCluster
 from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
 
@@ -132,6 +133,18 @@ def test_the_proxy_answers_bad_commands_with_an_error_naming_them():
 BED_DELAY_MS = 2.0
 
 
+def test_a_cluster_on_the_test_bed_puts_each_drafter_where_it_drafts():
+    """A draft worker gets a host of its own; the head drafter has none (its verifiers draft, with
+    the head); a drafter that is not one, or the head without its directory, is refused."""
+    assert NetworkCluster("d", "t", drafters=2, drafter="ngram").workers == ["draft-0", "draft-1", "target-0"]
+    head = NetworkCluster("d", "t", drafters=2, drafter="head", head="models/head")
+    assert head.workers == ["target-0"] and head.verifier_args == ("--head", "models/head")
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        NetworkCluster("d", "t", drafter="eagle")
+    with pytest.raises(ValueError, match="head directory"):
+        NetworkCluster("d", "t", drafter="head")
+
+
 @pytest.fixture(scope="module")
 def bed(pair):
     """Two draft workers and two verifiers, each on a host of its own, each behind a link from
@@ -235,7 +248,6 @@ def test_a_worker_behind_a_dropping_link_fails_over_and_the_stream_is_unchanged(
 def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
     """`tandem orchestrator` (Ray Serve) on a host of its own, each worker on another, 5 ms each
     way between them: the stream is the target's own, and every cycle's calls crossed the links."""
-    from tandem.bench.network import NetworkCluster
     from tandem import Client
 
     delay = 5.0
