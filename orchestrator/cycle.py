@@ -248,7 +248,9 @@ class SpeculativeLoop:
         # The orchestrator's CPU goes mostly to its calls: the meter counts each worker call and the
         # rest of the cycle (its commit, its stream) as one event, and a drafting cycle pays one more.
         per_event = self.cpu.count(2 + bool(call.gamma and not call.drafted_ahead) + bool(ahead))
-        costs = _costs(record, draft, verify, per_event, depth)
+        # A draft call answered with no block (an n-gram lookup without a match) teaches the policy
+        # a block of the γ asked, rejected at its first token (the policy's docstring).
+        costs = _costs(record, draft, verify, per_event, depth, asked=call.gamma if proposal and not gamma else 0)
         if ahead_reply and accepted == gamma:  # a guess of the bonus was made: whether it came true
             costs.guessed = block is not None
         elif ahead_reply and accepted in ahead_reply.answer.anchors:  # … of the recovered token
@@ -514,18 +516,20 @@ def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted:
     )
 
 
-def _costs(c: CycleStats, draft: Reply | None, verify: Reply, per_event_ms: float, depth: int = 0) -> CycleCosts:
+def _costs(c: CycleStats, draft: Reply | None, verify: Reply, per_event_ms: float, depth: int = 0,
+           asked: int = 0) -> CycleCosts:
     """What the γ policy learns from a cycle: what each call's work cost its worker (a worker that
     does not measure it: its compute time, and the call's transport), the orchestrator's CPU (per
     event, the verify call and the rest of a cycle being two, a draft call one; until that is
     measured, the cycle's orchestration time), and the latency beyond them. depth: a token
-    tree's (its γ), 0 for a chain."""
+    tree's (its γ), 0 for a chain; asked: the γ of a draft call that drafted nothing (else 0)."""
     draft_call, verify_call = _call(draft), _call(verify)
     measured = per_event_ms >= 0
     overhead = 2 * per_event_ms if measured else c.orchestration_ms
     draft_overhead = per_event_ms if measured and c.gamma else 0.0
     return CycleCosts(
-        gamma=depth or c.gamma, accepted=c.accepted, tree=bool(depth),
+        gamma=depth or c.gamma or asked, accepted=c.accepted, tree=bool(depth),
+        wall_ms=c.draft_ms + c.verify_ms + c.transport_ms + c.wait_ms + c.orchestration_ms,
         draft_cost_ms=_cost(draft), draft_call_ms=draft_call,
         verify_cost_ms=_cost(verify), verify_call_ms=verify_call,
         overhead_ms=overhead, draft_overhead_ms=draft_overhead,

@@ -120,6 +120,36 @@ def test_ngram_drafts_keep_greedy_output_identical_to_the_target(ngram_worker, w
     assert sum(c.gamma for c in out[4][1].per_cycle) > 0, "the lookup should have drafted"
 
 
+def test_a_lookup_that_finds_nothing_is_a_probe_that_accepted_nothing(workers, redis_url, pair, target_model):
+    """A draft call answered with no block (here always: a one-token window holds no earlier
+    occurrence) teaches adaptive γ a block rejected at its first token, so each such probe
+    doubles the wait for the next one; taught as a γ-0 cycle, it had reset nothing and every
+    cycle after the first probe made a draft call in vain. The output is the target's."""
+    from tandem.local import spawn_worker, stop_processes
+
+    proc, blind = spawn_worker("ngram", "", "127.0.0.1", 1, "cpu", "float32", echo=False, args=["--window", "1"])
+    prompt = pair["prompts"][2]
+
+    async def run():
+        async with running_loop([blind], [workers["target"]], redis_url, (pair["eos"],)) as loop:
+            s = await open_session(loop, "ngram-blind", prompt, SamplingParams(temperature=0.0), 40, None)
+            tokens = await generate(loop, s)
+            await release(loop, s)
+            return tokens, s
+
+    try:
+        tokens, s = asyncio.run(run())
+    finally:
+        stop_processes([proc])
+    assert tokens == hf_greedy(target_model, prompt, 40)
+    assert all(c.gamma == 0 for c in s.stats.per_cycle)  # nothing was ever drafted
+    # The draft calls (decayed counts of blocks that reached their first position): the first
+    # cycles' (γ before the costs are measured) and probes after 8 and 16 γ-0 cycles, not every cycle.
+    calls = s.policy.pair.reached[0] if s.policy.pair.reached else 0.0  # none: taught as γ-0 cycles
+    assert 1.5 < calls < 4.5 and s.policy.pair.passed[0] == 0
+    assert s.policy.probe_gap >= 4 * s.policy.probe_every
+
+
 @pytest.mark.parametrize("verification", ["token", "block"])
 def test_sampled_first_token_through_ngram_drafts_follows_the_target(ngram_worker, workers, redis_url, pair,
                                                                      target_model, verification):

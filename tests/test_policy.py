@@ -9,7 +9,7 @@ import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
 from tandem.math.fit import LinearFit
-from tandem.orchestrator.policy import ACCEPTANCE, MAX_PROBE_GAP, CycleCosts, GammaPolicy
+from tandem.orchestrator.policy import ACCEPTANCE, MAX_PROBE_GAP, CohortProbes, CycleCosts, GammaPolicy
 from tandem.wire.worker import Batching
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
@@ -87,7 +87,7 @@ def brute_force_choice(policy: GammaPolicy, top: int) -> int:
 
 
 def trained(cycle, gammas) -> GammaPolicy:
-    policy = GammaPolicy()
+    policy = GammaPolicy(probes=CohortProbes(clock=lambda: 0.0))  # time stands still: no cohort probe falls due
     for g in gammas:
         policy.observe(cycle(g))
     return policy
@@ -313,7 +313,7 @@ def loaded_cycle(gamma: int, sessions: int, others_tokens: int = 2) -> CycleCost
     return CycleCosts(gamma=gamma, accepted=gamma // 2, draft_cost_ms=sum_passes(draft, 2.0, 0.4),
                       draft_call_ms=0.3 if gamma else 0.0, verify_cost_ms=sum_passes(verify, 10.0, 0.5),
                       verify_call_ms=0.3, overhead_ms=0.5, draft_fed=1, verify_fed=1,
-                      draft_batching=draft, verify_batching=verify)
+                      draft_batching=draft, verify_batching=verify, wall_ms=20.0)
 
 
 def sum_passes(b: Batching | None, intercept: float, slope: float) -> float:
@@ -412,6 +412,46 @@ def test_sessions_that_share_passes_draft_one_gamma_as_a_cohort(monkeypatch):
     assert followed.costs.shared and followed.choose() == lost.choose() > 0
     monkeypatch.setattr("tandem.orchestrator.policy.SHARED_PASS", float("inf"))
     assert followed.choose() > lost.choose()
+
+
+def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
+    """Under load a session that probes alone lags its cohort by a draft call (the policy's
+    docstring): sessions that share passes probe all at once, `gap` of the replica's cycles (in
+    their wall time) after its last drafting cycle, whatever their own streaks; a probe that
+    accepts nothing doubles the gap, one that accepts a token brings it back to probe_every.
+    Alone, each session keeps its own streak."""
+    now = [0.0]
+    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)  # 8 sessions a pass, the draft lost
+    for g in [4, 2, 4, 6] * 4:
+        replica.for_session().observe(cycle(g))
+    cohort = [replica.for_session() for _ in range(8)]
+    assert replica.costs.shared and [s.choose() for s in cohort] == [0] * 8
+    for streak, session in enumerate(cohort):  # their own streaks differ and do not count
+        session.zero_streak = streak + 20
+        session.observe(cycle(0))
+    assert [s.choose() for s in cohort] == [0] * 8
+    now[0] += 2 * 8 * 0.020  # the last probe accepted nothing: due 2 · probe_every cycles of 20 ms on
+    probes = [s.choose() for s in cohort]
+    assert all(g > 0 for g in probes)  # all at once
+    cohort[0].observe(cycle(probes[0]))  # the first outcome: nothing accepted, the gap doubles again
+    assert replica.probes.gap == 4 * replica.probe_every and cohort[1].choose() == 0
+    now[0] += 4 * 8 * 0.020
+    cohort[1].observe(replace(cycle(cohort[1].choose()), accepted=1))  # a probe accepts a token
+    assert replica.probes.gap == 0
+    assert cohort[2].choose() == 0
+    now[0] += 8 * 0.020
+    assert cohort[2].choose() > 0
+
+    alone = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    for g in [4, 2, 4, 6] * 4:
+        alone.observe(replace(cycle(g), verify_batching=None, draft_batching=None))
+    assert not alone.costs.shared
+    alone.zero_streak = alone.probe_every - 1
+    assert alone.choose() > 0  # its own streak, whatever the replica's schedule
+    alone.zero_streak = 0
+    now[0] += 1000.0
+    assert alone.choose() == 0
 
 
 # --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
@@ -624,9 +664,10 @@ def test_a_session_stores_its_acceptance_and_shares_the_replicas_costs():
     policy = trained(cheap_good_cycle, [4, 8, 6, 2, 8, 0, 0, 3])
     state = json.loads(json.dumps(policy.to_dict()))
     assert set(state) == set(ACCEPTANCE) and state["accepted"] > 0
-    replica = GammaPolicy(costs=policy.costs, pair=policy.pair)  # the replica's: its costs and pair, no session
+    replica = GammaPolicy(costs=policy.costs, pair=policy.pair, probes=policy.probes)  # the replica's, no session
     restored = replica.for_session(state)
     assert restored == policy and restored.costs is policy.costs and restored.pair is policy.pair
+    assert restored.probes is policy.probes
     for limit in range(5):
         assert restored.choose(limit) == policy.choose(limit)
     fresh = replica.for_session()
