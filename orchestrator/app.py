@@ -87,16 +87,20 @@ def _init_ray(attempts: int = 2) -> None:
 def _own_sigterm():
     """Keep the process's SIGTERM handler through what the block does: Ray's core worker installs
     one that prints a stack and aborts, which would take a stop request (`tandem up`'s, a pod's)
-    out of the process's own hands and leave Ray's other processes running."""
+    out of the process's own hands and leave Ray's other processes running. A SIGTERM that comes
+    meanwhile waits, blocked, for the process's own handler (seen once under load: one during
+    ray.init aborted `tandem up`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     handler = signal.getsignal(signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         yield
     finally:
         if handler is not None:  # None: one installed outside Python, which cannot be put back
             signal.signal(signal.SIGTERM, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def stop_ingress(app_name: str = "tandem") -> None:
