@@ -23,6 +23,26 @@ if TYPE_CHECKING:
     from tandem.tls import TLSFiles
 
 DRAFTERS = ("hybrid", "model", "ngram", "head", "self")  # LocalCluster's drafter: which `tandem worker` drafts
+VERIFIER_DRAFTERS = ("head", "self")  # those that draft in the verifiers, with no draft workers
+
+
+def verifier_args(drafter: str, head: str | None, exit_layer: int) -> tuple[str, ...]:
+    """The `tandem worker target` flags a drafter needs (the head's directory, the self drafter's
+    exit layer; () for the others); ValueError for a drafter that is not one, or a head or exit
+    layer given to the wrong drafter or missing."""
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
+    if (drafter == "head") != bool(head) or (drafter == "self") != bool(exit_layer):
+        raise ValueError("the head drafter needs its head directory and the self drafter its exit layer, "
+                         "and only they take them")
+    return ("--head", head) if head else ("--exit-layer", str(exit_layer)) if exit_layer else ()
+
+
+def draft_worker(drafter: str, draft_model: str) -> tuple[str, str]:
+    """A draft worker's `tandem worker` kind and model for a drafter that has draft workers."""
+    if drafter == "model":
+        return "draft", draft_model
+    return drafter, "" if drafter == "ngram" else draft_model
 SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.1 s
 
 
@@ -159,18 +179,13 @@ class LocalCluster:
         "head" (with `head`, an EAGLE-3 head directory: `tandem worker target --head`) or "self"
         (with the target's first `exit_layer` layers: `--exit-layer`). http_port: the
         OpenAI-compatible API's (0: a free port; options' openai_api turns the API off)."""
-        if drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
-        if (drafter == "head") != bool(head) or (drafter == "self") != bool(exit_layer):
-            raise ValueError("the head drafter needs its head directory and the self drafter its exit layer, "
-                             "and only they take them")
-        self.verifier_args = ("--head", head) if head else ("--exit-layer", str(exit_layer)) if exit_layer else ()
+        self.verifier_args = verifier_args(drafter, head, exit_layer)
         self.drafter = drafter
         self.models = {"draft": draft_model, "target": target_model}
         # The target's tokenizer: the orchestrator's, and what a draft of another tokenizer maps to.
         self.tokenizer = target_model if (Path(target_model) / "tokenizer_config.json").exists() else None
         self.grpc_port, self.http_port, self.host = grpc_port, http_port, host
-        draft_workers = 0 if drafter in ("head", "self") else draft_workers
+        draft_workers = 0 if drafter in VERIFIER_DRAFTERS else draft_workers
         self.names = [f"draft-{i}" for i in range(draft_workers)] + [f"target-{i}" for i in range(target_workers)]
         # Workers on a small machine: split the cores, or they fight over threads.
         self.threads = threads or max(1, (os.cpu_count() or 2) // len(self.names))
@@ -266,9 +281,7 @@ class LocalCluster:
     def _worker_starter(self, name: str, port: int) -> Callable[[], subprocess.Popen]:
         """How to start (and restart) worker `name` on `port`."""
         kind = name.split("-")[0]
-        model = self.models[kind]
-        if kind == "draft" and self.drafter != "model":
-            kind, model = self.drafter, "" if self.drafter == "ngram" else model
+        kind, model = draft_worker(self.drafter, self.models["draft"]) if kind == "draft" else (kind, self.models[kind])
         args = self.worker_args + (self.verifier_args if kind == "target" else ())
         if kind in ("draft", "hybrid") and self.tokenizer:
             args += ("--target-tokenizer", self.tokenizer)  # a draft of another tokenizer speaks the target's ids

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from tandem.bench.testbed import Testbed
-from tandem.local import DRAFTERS, spawn_worker, stop_processes
+from tandem.local import VERIFIER_DRAFTERS, draft_worker, spawn_worker, stop_processes, verifier_args
 from tandem.orchestrator.redis_server import EmbeddedRedis
 
 GRPC_PORT = 9000  # each host is a namespace of its own: its ports are free
@@ -32,14 +32,9 @@ class NetworkCluster:
         """drafter: who drafts, as tandem.local.LocalCluster's: a draft worker on a host of its own
         ("hybrid", "model", "ngram"), or, with no draft hosts, the verifiers ("head" with `head`,
         "self" with `exit_layer`): their blocks cross only the verifier's link."""
-        if drafter not in DRAFTERS:
-            raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
-        if (drafter == "head") != bool(head) or (drafter == "self") != bool(exit_layer):
-            raise ValueError("the head drafter needs its head directory and the self drafter its exit layer, "
-                             "and only they take them")
-        self.verifier_args = ("--head", head) if head else ("--exit-layer", str(exit_layer)) if exit_layer else ()
+        self.verifier_args = verifier_args(drafter, head, exit_layer)
         self.models = {"draft": draft_model, "target": target_model}
-        drafters = 0 if drafter in ("head", "self") else drafters
+        drafters = 0 if drafter in VERIFIER_DRAFTERS else drafters
         self.workers = [f"draft-{i}" for i in range(drafters)] + [f"target-{i}" for i in range(verifiers)]
         self.bed = Testbed(["orchestrator", *self.workers])
         self.delay = (delay_ms, jitter_ms)
@@ -69,9 +64,7 @@ class NetworkCluster:
 
     def _worker(self, name: str) -> str:
         kind = name.split("-")[0]
-        model = self.models[kind]
-        if kind == "draft" and self.drafter != "model":  # as LocalCluster's workers
-            kind, model = self.drafter, "" if self.drafter == "ngram" else model
+        kind, model = draft_worker(self.drafter, self.models["draft"]) if kind == "draft" else (kind, self.models[kind])
         args = (*self.worker_args, *self.verifier_args) if kind == "target" else self.worker_args
         host = self.bed.hosts[name]
         proc, address = spawn_worker(kind, model, host.address, 1, "cpu", "float32", echo=self.echo,
