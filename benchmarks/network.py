@@ -285,11 +285,15 @@ def drafters(args) -> None:
     for key in sorted({(r["drafter"], *_key(r)) for r in rows}):
         points[key] = _point([r for r in rows if (r["drafter"], *_key(r)) == key])
     order = [d for d in NETWORK_DRAFTERS if any(k[0] == d for k in points)]
+    zeros = {}  # (delay, workload, in flight) → γ = 0's tokens/s, from the first drafter in order that ran it
+    for (_, *point), (_, _, zero) in sorted(points.items(), key=lambda item: order.index(item[0][0])):
+        if zero:
+            zeros.setdefault(tuple(point), zero["aggregate_tokens_per_s"])
     lines = ["| delay (ms) | workload | in flight | γ = 0 tokens/s | "
              + " | ".join(f"{d}: best fixed γ, adaptive (mean γ)" for d in order) + " |", "|---" * (4 + len(order)) + "|"]
     for delay, workload, in_flight in sorted({k[1:] for k in points}):
         at = [points.get((d, delay, workload, in_flight)) for d in order]
-        zero = next((z["aggregate_tokens_per_s"] for _, _, z in filter(None, at) if z), float("nan"))
+        zero = zeros.get((delay, workload, in_flight), float("nan"))
         lines.append(f"| {delay:g} | {workload} | {in_flight} | {zero:.1f} | " + " | ".join(
             f"{p[0]['aggregate_tokens_per_s']:.1f} (γ {_gamma_of(p[0]['mode'])}), "
             + (f"{p[1]['aggregate_tokens_per_s']:.1f} ({p[1]['mean_gamma'] or 0:.2f})" if p[1] else "–")
@@ -297,16 +301,16 @@ def drafters(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "drafters.md").write_text("\n".join(lines) + "\n")
-    plot_drafters(points, order, out / "drafters.png")
+    plot_drafters(points, zeros, order, out / "drafters.png")
     print((out / "drafters.md").read_text())
 
 
-def plot_drafters(points: dict[tuple, tuple], order: list[str], path: Path) -> None:
+def plot_drafters(points: dict[tuple, tuple], zeros: dict[tuple, float], order: list[str], path: Path) -> None:
     panels = sorted({(k[2], k[3]) for k in points})
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2, 4), squeeze=False, layout="constrained")
     for ax, (workload, in_flight) in zip(axes[0], panels):
         at = {k: p for k, p in points.items() if (k[2], k[3]) == (workload, in_flight)}
-        zero = sorted((k[1], p[2]["aggregate_tokens_per_s"]) for k, p in at.items() if k[0] == order[0] and p[2])
+        zero = sorted((point[0], z) for point, z in zeros.items() if point[1:] == (workload, in_flight))
         ax.plot(*zip(*zero), color="grey", linestyle=":", marker=".", label="γ = 0")
         for i, drafter in enumerate(order):
             color = f"C{i}"
