@@ -52,7 +52,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
-from tandem.bench.runs import cluster_mode, concurrent_runs
+from tandem.bench.runs import ahead_setting, cluster_mode, concurrent_runs
 from tandem.bench.summary import acceptance, acceptance_by_position, concurrency_row, cycles
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
@@ -169,18 +169,9 @@ def round_seed(seed: int, repeat: int) -> int:
     return seed + 1000 * repeat
 
 
-def _setting(setting: str) -> tuple[int, int] | None:
-    """A runahead setting: "off" (no drafting ahead) → None; "G" (G guesses of the bonus token)
-    or "G+R" (and past a rejection at each of a block's first R positions) → (G, R)."""
-    if setting == "off":
-        return None
-    guesses, _, rejections = setting.partition("+")
-    return int(guesses), int(rejections or 0)
-
-
 def _setting_flags(setting: str) -> list[str]:
     """A runahead setting's orchestrator flags."""
-    if (parsed := _setting(setting)) is None:
+    if (parsed := ahead_setting(setting)) is None:
         return ["--no-draft-ahead"]
     return ["--ahead-guesses", str(parsed[0]), "--ahead-rejections", str(parsed[1])]
 
@@ -223,7 +214,7 @@ def _runahead_medians(rows: list[dict]) -> dict[tuple, dict]:
 
 
 def _setting_label(setting: str) -> str:
-    if (parsed := _setting(setting)) is None:
+    if (parsed := ahead_setting(setting)) is None:
         return "no drafting ahead"
     guesses, rejections = parsed
     return f"{guesses} guess{'es' * (guesses != 1)}" + (f" + {rejections} rejections" if rejections else "")

@@ -41,6 +41,15 @@ def mode_verification(mode: str) -> str:
     return "block" if mode.removesuffix(f"_{mode_shape(mode)}").endswith(BLOCK) else "token"
 
 
+
+def ahead_setting(setting: str) -> tuple[int, int] | None:
+    """A drafting-ahead setting: "off" → None; "G" (G guesses of the bonus token) or "G+R" (and
+    past a rejection at each of a block's first R positions) → (G, R)."""
+    if setting == "off":
+        return None
+    guesses, _, rejections = setting.partition("+")
+    return int(guesses), int(rejections or 0)
+
 @dataclass
 class Run:
     """One timed generation."""
