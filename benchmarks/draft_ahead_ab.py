@@ -67,6 +67,17 @@ async def _release(pools: dict[str, WorkerPool], s: Session) -> None:
                            for kind, address in s.used))
 
 
+async def _generate(loop: SpeculativeLoop, store: SessionStore, pools: dict[str, WorkerPool], s: Session) -> float:
+    """Run the session's generation to its end → its tokens/s; then free its caches."""
+    await store.create(s)
+    start, tokens = time.perf_counter(), 0
+    async for out in loop.run(s):
+        tokens += len(out.tokens)
+    elapsed = time.perf_counter() - start
+    await _release(pools, s)
+    return tokens / elapsed
+
+
 class Links:
     """A delay proxy (tandem.bench.delay_proxy) in a process of its own on a link to each worker:
     the loops reach the workers through it, at the one-way delay set last."""
@@ -120,14 +131,9 @@ async def measure(links: Links, redis_url: str, prompts: list[list[int]], gammas
                     n += 1
                     request = Request(SamplingParams(temperature=temperature, seed=i), len(prompt), max_tokens, gamma)
                     s = Session(f"ab-{n}", request, list(prompt), GammaPolicy(), owner=OWNER)
-                    await store.create(s)
-                    start, tokens = time.perf_counter(), 0
-                    async for out in loops[setting].run(s):
-                        tokens += len(out.tokens)
-                    elapsed = time.perf_counter() - start
-                    await _release({"draft": drafts, "target": targets}, s)
+                    tokens_per_s = await _generate(loops[setting], store, {"draft": drafts, "target": targets}, s)
                     if i:
-                        results.setdefault((delay, gamma, setting), []).append((tokens / elapsed, s.stats.per_cycle))
+                        results.setdefault((delay, gamma, setting), []).append((tokens_per_s, s.stats.per_cycle))
                     print(f"\r{delay:g} ms: {n} runs", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         return results
