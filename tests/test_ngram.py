@@ -144,9 +144,11 @@ def test_a_lookup_that_finds_nothing_is_a_probe_that_accepted_nothing(workers, r
     assert tokens == hf_greedy(target_model, prompt, 40)
     assert all(c.gamma == 0 for c in s.stats.per_cycle)  # nothing was ever drafted
     # The draft calls (decayed counts of blocks that reached their first position): the first
-    # cycles' (γ before the costs are measured) and probes after 8 and 16 γ-0 cycles, not every cycle.
+    # cycles' (γ before the costs are measured), probes after 8 and 16 γ-0 cycles, and a call or
+    # two the cost model itself may choose while α falls (a lookup costs next to nothing; how
+    # many depends on the timings), not every cycle: that had been ~22 here.
     calls = s.policy.pair.reached[0] if s.policy.pair.reached else 0.0  # none: taught as γ-0 cycles
-    assert 1.5 < calls < 4.5 and s.policy.pair.passed[0] == 0
+    assert 1.5 < calls < 8 and s.policy.pair.passed[0] == 0
     assert s.policy.probe_gap >= 4 * s.policy.probe_every
 
 
