@@ -24,13 +24,13 @@ import asyncio
 import json
 import random
 import statistics as st
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tandem.bench.corpus import load_prompts
+from tandem.bench.delay_proxy import ProxyProcess
 from tandem.bench.runs import ahead_setting
 from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
@@ -78,34 +78,6 @@ async def _generate(loop: SpeculativeLoop, store: SessionStore, pools: dict[str,
     return tokens / elapsed
 
 
-class Links:
-    """A delay proxy (tandem.bench.delay_proxy) in a process of its own on a link to each worker:
-    the loops reach the workers through it, at the one-way delay set last."""
-
-    def __init__(self, addresses: dict[str, str]) -> None:
-        specs = [arg for kind, address in addresses.items() for arg in ("--link", f"{kind}=127.0.0.1:0,{address}")]
-        self.proc = subprocess.Popen([sys.executable, "-m", "tandem.bench.delay_proxy", *specs],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.addresses = {}
-        for line in self.proc.stdout:
-            if line.startswith("link "):  # "link NAME listening on HOST:PORT → ..."
-                self.addresses[line.split()[1]] = line.split()[4]
-            elif line.strip() == "ready":
-                break
-        if set(self.addresses) != set(addresses):
-            raise RuntimeError(f"the delay proxy exited with {self.proc.wait()} before its links were up")
-
-    def set_delay(self, ms: float) -> None:
-        self.proc.stdin.write(f"delay * {ms}\n")
-        self.proc.stdin.flush()
-        if not (answer := self.proc.stdout.readline()).startswith("ok"):
-            raise RuntimeError(f"the delay proxy answered {answer.strip()!r} to delay * {ms}")
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=10)
-
-
 def _loop(drafts: WorkerPool, targets: WorkerPool, store: SessionStore, setting: str) -> SpeculativeLoop:
     if (parsed := ahead_setting(setting)) is None:
         return SpeculativeLoop(drafts, targets, store, (), draft_ahead=False)
@@ -113,11 +85,11 @@ def _loop(drafts: WorkerPool, targets: WorkerPool, store: SessionStore, setting:
     return SpeculativeLoop(drafts, targets, store, (), ahead_guesses=guesses, ahead_rejections=rejections)
 
 
-async def measure(links: Links, redis_url: str, prompts: list[list[int]], gammas: list[int], settings: list[str],
+async def measure(links: ProxyProcess, redis_url: str, prompts: list[list[int]], gammas: list[int], settings: list[str],
                   delays: list[float], temperature: float, max_tokens: int) -> dict:
     """(delay, γ, setting) → per prompt (tokens/s, its per-cycle stats), the warm-up left out."""
     store = SessionStore.from_url(redis_url)
-    drafts, targets = await _pools(links.addresses)
+    drafts, targets = await _pools(links.links)
     try:
         loops = {setting: _loop(drafts, targets, store, setting) for setting in settings}
         results: dict = {}
@@ -273,14 +245,13 @@ def main() -> None:
                                 echo=False) for kind in ("draft", "target")}
     links = None
     try:
-        links = Links({kind: address for kind, (_, address) in procs.items()})
+        # A delay proxy on a link to each worker: the loops reach the workers through it.
+        links = ProxyProcess([f"{kind}=127.0.0.1:0,{address}" for kind, (_, address) in procs.items()])
         with tempfile.TemporaryDirectory(prefix="tandem-redis-") as scratch, EmbeddedRedis(data_dir=scratch) as redis:
             results = asyncio.run(measure(links, redis.url, prompts, args.gammas, args.settings, args.delays,
                                           args.temperature, args.max_tokens))
     finally:
-        if links:
-            links.close()
-        stop_processes([proc for proc, _ in procs.values()])
+        stop_processes([proc for proc, _ in procs.values()] + ([links.proc] if links else []))
     rows = summarise(results, args.delays, args.gammas, args.settings)
     lines = report(rows)
     print("\n".join(lines))

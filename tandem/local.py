@@ -38,11 +38,15 @@ def verifier_args(drafter: str, head: str | None, exit_layer: int) -> tuple[str,
     return ("--head", head) if head else ("--exit-layer", str(exit_layer)) if exit_layer else ()
 
 
-def draft_worker(drafter: str, draft_model: str) -> tuple[str, str]:
-    """A draft worker's `tandem worker` kind and model for a drafter that has draft workers."""
-    if drafter == "model":
-        return "draft", draft_model
-    return drafter, "" if drafter == "ngram" else draft_model
+def worker_model(kind: str, drafter: str, models: dict[str, str]) -> tuple[str, str]:
+    """A cluster worker's `tandem worker` kind and model, from its kind ("draft", "target"), the
+    drafter and the pair {kind: model directory}: a draft worker runs as the drafter does (the
+    n-gram lookup without a model)."""
+    if kind != "draft" or drafter == "model":
+        return kind, models[kind]
+    return drafter, "" if drafter == "ngram" else models["draft"]
+
+
 SUPERVISE_EVERY_S = 0.1  # a poll() per child: a dead one is restarted within 0.1 s
 
 
@@ -280,8 +284,7 @@ class LocalCluster:
 
     def _worker_starter(self, name: str, port: int) -> Callable[[], subprocess.Popen]:
         """How to start (and restart) worker `name` on `port`."""
-        kind = name.split("-")[0]
-        kind, model = draft_worker(self.drafter, self.models["draft"]) if kind == "draft" else (kind, self.models[kind])
+        kind, model = worker_model(name.split("-")[0], self.drafter, self.models)
         args = self.worker_args + (self.verifier_args if kind == "target" else ())
         if kind in ("draft", "hybrid") and self.tokenizer:
             args += ("--target-tokenizer", self.tokenizer)  # a draft of another tokenizer speaks the target's ids

@@ -19,6 +19,7 @@ import asyncio
 import random
 import socket
 import struct
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -190,6 +191,36 @@ async def serve(specs: list, delay: Delay, seed: int) -> None:
     while line := await reader.readline():  # stdin closed: the test bed is gone
         print(apply(links, line.decode()), flush=True)
     await asyncio.gather(*(link.close() for link in links.values()))
+
+
+class ProxyProcess:
+    """This module run as a process of its own, driven through its stdin: the links `specs`
+    ("NAME=LISTEN_HOST:PORT,TARGET_HOST:PORT", port 0 for a free one) → `links`, {name: the
+    address it listens on}."""
+
+    def __init__(self, specs: list[str], delay_ms: float = 0.0, jitter_ms: float = 0.0, seed: int = 0) -> None:
+        cmd = [sys.executable, "-m", "tandem.bench.delay_proxy", "--delay-ms", str(delay_ms),
+               "--jitter-ms", str(jitter_ms), "--seed", str(seed), *(a for spec in specs for a in ("--link", spec))]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.links: dict[str, str] = {}
+        for line in self.proc.stdout:
+            if line.startswith("link "):  # "link NAME listening on HOST:PORT → ..."
+                self.links[line.split()[1]] = line.split()[4]
+            elif line.strip() == "ready":
+                return
+        raise RuntimeError(f"the delay proxy exited with {self.proc.wait()} before it was ready")
+
+    def command(self, line: str) -> None:
+        """One of the commands above (`delay NAME|* MS [JITTER]`, `drop`, `down`, `up`); ValueError
+        with the proxy's answer unless it is ok."""
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().strip()
+        if not answer.startswith("ok"):
+            raise ValueError(f"delay proxy: {answer or 'no answer'}")
+
+    def set_delay(self, ms: float, jitter_ms: float = 0.0, link: str = "*") -> None:
+        self.command(f"delay {link} {ms} {jitter_ms}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from tandem.bench.testbed import Testbed
-from tandem.local import VERIFIER_DRAFTERS, draft_worker, spawn_worker, stop_processes, verifier_args
+from tandem.local import VERIFIER_DRAFTERS, spawn_worker, stop_processes, verifier_args, worker_model
 from tandem.orchestrator.redis_server import EmbeddedRedis
 
 GRPC_PORT = 9000  # each host is a namespace of its own: its ports are free
@@ -63,8 +63,7 @@ class NetworkCluster:
         return self
 
     def _worker(self, name: str) -> str:
-        kind = name.split("-")[0]
-        kind, model = draft_worker(self.drafter, self.models["draft"]) if kind == "draft" else (kind, self.models[kind])
+        kind, model = worker_model(name.split("-")[0], self.drafter, self.models)
         args = (*self.worker_args, *self.verifier_args) if kind == "target" else self.worker_args
         host = self.bed.hosts[name]
         proc, address = spawn_worker(kind, model, host.address, 1, "cpu", "float32", echo=self.echo,

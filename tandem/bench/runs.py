@@ -41,7 +41,6 @@ def mode_verification(mode: str) -> str:
     return "block" if mode.removesuffix(f"_{mode_shape(mode)}").endswith(BLOCK) else "token"
 
 
-
 def ahead_setting(setting: str) -> tuple[int, int] | None:
     """A drafting-ahead setting: "off" → None; "G" (G guesses of the bonus token) or "G+R" (and
     past a rejection at each of a block's first R positions) → (G, R)."""
@@ -49,6 +48,7 @@ def ahead_setting(setting: str) -> tuple[int, int] | None:
         return None
     guesses, _, rejections = setting.partition("+")
     return int(guesses), int(rejections or 0)
+
 
 @dataclass
 class Run:

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.bench.delay_proxy import ProxyProcess
+
 
 def _ip(*args: str, namespace: str | None = None) -> None:
     cmd = ["ip", *(["-n", namespace] if namespace else []), *args]
@@ -72,7 +74,7 @@ class Testbed:
         self.hosts = {name: Host(name, f"tandem-{tag}-{name}", f"10.{subnet}.{i}.2", f"10.{subnet}.{i}.1")
                       for i, name in enumerate(hosts)}
         self.links: dict[str, str] = {}  # link name → the address it listens on
-        self._proxy: subprocess.Popen | None = None
+        self._proxy: ProxyProcess | None = None
         self._procs: list[subprocess.Popen] = []
 
     def start(self) -> "Testbed":
@@ -117,31 +119,20 @@ class Testbed:
             raise RuntimeError("the test bed's links are started already")
         specs = [f"{name}={self.hosts[source].gateway if source else '127.0.0.1'}:0,{to}"
                  for name, (source, to) in links.items()]
-        cmd = [sys.executable, "-m", "tandem.bench.delay_proxy", "--delay-ms", str(delay_ms),
-               "--jitter-ms", str(jitter_ms), "--seed", str(seed), *(a for s in specs for a in ("--link", s))]
-        self._proxy = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        for line in self._proxy.stdout:
-            if line.startswith("link "):
-                name, listening = line.split()[1], line.split()[4]
-                self.links[name] = listening
-            elif line.strip() == "ready":
-                return dict(self.links)
-        raise RuntimeError(f"the delay proxy exited with {self._proxy.wait()} before it was ready")
+        self._proxy = ProxyProcess(specs, delay_ms, jitter_ms, seed)
+        self.links.update(self._proxy.links)
+        return dict(self.links)
 
     def command(self, line: str) -> None:
         """Tell the links (delay_proxy's commands: `delay NAME|* MS [JITTER]`, `drop`, `down`, `up`)."""
-        self._proxy.stdin.write(line + "\n")
-        self._proxy.stdin.flush()
-        answer = self._proxy.stdout.readline().strip()
-        if not answer.startswith("ok"):
-            raise ValueError(f"delay proxy: {answer or 'no answer'}")
+        self._proxy.command(line)
 
     def set_delay(self, ms: float, jitter_ms: float = 0.0, link: str = "*") -> None:
-        self.command(f"delay {link} {ms} {jitter_ms}")
+        self._proxy.set_delay(ms, jitter_ms, link)
 
     def stop(self) -> None:
         """Stop what runs in the test bed, then remove its namespaces (their veth pairs go with them)."""
-        procs = [*self._procs, *([self._proxy] if self._proxy else [])]
+        procs = [*self._procs, *([self._proxy.proc] if self._proxy else [])]
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
