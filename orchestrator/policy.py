@@ -288,24 +288,35 @@ class PairAcceptance:
 class CohortProbes:
     """When sessions that share passes probe: together, on the replica's schedule (the module's
     docstring, Cohorts). A probe is due `gap` of the replica's cycles after its last drafting
-    cycle, counted in time (the cycles' wall time) so that it starts with a turn of the event
-    loop, whose sessions all choose then, rather than inside one; it stays due until a drafting
-    cycle comes back, the first of which sets the gap: probe_every again when it accepted a
-    token, doubled (at most MAX_PROBE_GAP) when it accepted none."""
+    cycle, counted in time (the replica's steady cycles' mean wall time) so that it starts with a
+    turn of the event loop, whose sessions all choose then, rather than inside one; it stays due
+    until a drafting cycle comes back, the first of which sets the gap: probe_every again when it
+    accepted a token, doubled (at most MAX_PROBE_GAP) when it accepted none. Steady cycles only:
+    a probe whose draft catches up on a long γ-0 streak, or a cycle that prefills, lasts many
+    cycles, and timing the gap by it would push the next probe out in proportion (seconds at a
+    gap of 64)."""
 
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)  # seconds
     due_at: float = 0.0  # on the clock: sessions that share passes probe from then on
     gap: int = 0  # the replica's cycles between probes (0: probe_every)
+    cycle_ms: float = -1.0  # the replica's steady cycles' wall time, decayed mean (-1: none yet)
+    decay: float = 0.9
 
     def due(self) -> bool:
         return self.clock() >= self.due_at
+
+    def cycled(self, wall_ms: float) -> None:
+        """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
+        old = self.cycle_ms
+        self.cycle_ms = wall_ms if old < 0 else self.decay * old + (1 - self.decay) * wall_ms
 
     def drafted(self, accepted: int, cycle_ms: float, every: int) -> None:
         """A drafting cycle of any session came back, after `cycle_ms`, accepting `accepted`."""
         now = self.clock()
         if now >= self.due_at:  # the first outcome of a due probe (or of drafting after a pause)
             self.gap = 0 if accepted else min(2 * (self.gap or every), MAX_PROBE_GAP)
-        self.due_at = now + (self.gap or every) * cycle_ms / 1e3
+        per_cycle = self.cycle_ms if self.cycle_ms >= 0 else cycle_ms
+        self.due_at = now + (self.gap or every) * per_cycle / 1e3
 
 
 @dataclass
@@ -429,6 +440,8 @@ class GammaPolicy:
         verified = verified_tokens(c.accepted, c.gamma) if c.gamma else 0
         self.accepted = self.decay * self.accepted + c.accepted
         self.verified = self.decay * self.verified + verified
+        if c.draft_fed <= STEADY_DRAFT_FED and c.verify_fed <= STEADY_VERIFY_FED:
+            self.probes.cycled(c.wall_ms)
         if c.gamma:
             self._observe_shape(c, output_tokens)
             self.pair.observe(c.accepted, c.gamma, c.guessed, c.recovered)

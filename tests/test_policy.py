@@ -454,6 +454,29 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     assert alone.choose() == 0
 
 
+def test_a_cohort_probe_whose_draft_caught_up_for_long_does_not_push_the_next_one_out():
+    """The gap counts the replica's steady cycles, not the drafting cycle's own wall time: a probe
+    whose draft call caught up on a long γ-0 streak (it fed the worker more than a steady cycle)
+    took 2 s, and timed by it the next probe fell due 2 · probe_every · 2 s on."""
+    now = [0.0]
+    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)
+    for g in [4, 2, 4, 6] * 4:
+        replica.for_session().observe(cycle(g))
+    session = replica.for_session()
+    session.observe(cycle(0))
+    now[0] = replica.probes.due_at  # a probe is due; its draft catches up on 40 tokens, for 2 s
+    probe = session.choose()
+    assert probe > 0
+    now[0] += 2.0
+    session.observe(replace(cycle(probe), wall_ms=2000.0, draft_fed=40))
+    assert replica.probes.gap == 4 * replica.probe_every
+    assert replica.probes.due_at == pytest.approx(now[0] + 4 * 8 * 0.020)  # steady cycles of 20 ms
+    for _ in range(4 * 8):
+        now[0] += 0.020
+        session.observe(cycle(0))
+    assert session.choose() > 0
+
 # --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
 
 
