@@ -116,7 +116,7 @@ def _prompts(target: str) -> list[list[int]]:
 
 # What a sweep keeps of each run (tandem.bench.summary's row, and the machine's CPU per cycle).
 SWEEP_FIELDS = ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms", "mean_gamma", "acceptance_rate",
-                "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle")
+                "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle", "cores_by_role")
 
 
 def sweep(args) -> None:
@@ -143,12 +143,15 @@ def sweep(args) -> None:
             batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
             # Every mode once per round, in a new order each round: drift spreads over all modes.
             for repeat, mode in ((r, m) for r in range(args.repeats) for m in rng.sample(modes, len(modes))):
-                busy = busy_ms()
+                busy, by_role = busy_ms(), cluster.cpu_ms()
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              round_seed(args.seed, repeat), ignore_eos=True)
                 row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
                 row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
                 row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
+                # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
+                row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3)
+                                        for role, ms in cluster.cpu_ms().items()}
                 rows.append({"drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                              "workload": workload, "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
             best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])

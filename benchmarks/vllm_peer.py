@@ -40,7 +40,8 @@ from pathlib import Path
 from tandem.bench import summary
 from tandem.bench.corpus import load_prompts
 from tandem.bench.runs import Run, cluster_mode, concurrent_runs
-from tandem.bench.vllm import VllmServer, command_line, cpu_seconds, descendants, preload_libraries, run_level
+from tandem.bench.procfs import command_line, cpu_seconds, descendants
+from tandem.bench.vllm import VllmServer, preload_libraries, run_level
 from tandem.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -70,7 +70,7 @@ def test_a_worker_stops_when_its_launcher_is_sigkilled(pair, tmp_path):
 def test_tandem_up_stopped_while_it_starts_stops_everything_it_started(pair, tmp_path):
     """SIGTERM as soon as the ingress port opens (Serve may still be deploying): Ray's core worker
     would abort the process on it, leaving its other processes behind; `tandem up` stops instead."""
-    from tandem.bench.vllm import descendants
+    from tandem.bench.procfs import descendants
     from tandem.ports import free_port
 
     port = free_port()

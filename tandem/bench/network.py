@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from tandem.bench.procfs import cpu_seconds, descendants
 from tandem.bench.testbed import Testbed
 from tandem.local import VERIFIER_DRAFTERS, spawn_worker, stop_processes, verifier_args, worker_model
 from tandem.orchestrator.redis_server import EmbeddedRedis
@@ -94,6 +95,17 @@ class NetworkCluster:
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(READY_S) or proc.poll() is not None:
             raise RuntimeError("tandem orchestrator did not start on the test bed:\n" + "\n".join(seen[-20:]))
+
+    def cpu_ms(self) -> dict[str, float]:
+        """Each of the cluster's roles' CPU time so far, in ms: each worker's process, the
+        orchestrator's with Ray's (its descendants: the Serve replica, Ray's proxy, the GCS), and
+        the links' delay proxy. A process that exited meanwhile takes its time with it."""
+        pids = {name: [proc.pid] for name, proc in self.procs.items()}
+        if "orchestrator" in pids:
+            pids["orchestrator"] += descendants(pids["orchestrator"][0])
+        if self.bed.proxy_pid:
+            pids["delay proxy"] = [self.bed.proxy_pid]
+        return {role: 1e3 * sum(filter(None, map(cpu_seconds, group))) for role, group in pids.items()}
 
     def stop(self) -> None:
         stop_processes(list(self.procs.values()), timeout_s=30)

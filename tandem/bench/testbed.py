@@ -123,6 +123,11 @@ class Testbed:
         self.links.update(self._proxy.links)
         return dict(self.links)
 
+    @property
+    def proxy_pid(self) -> int | None:
+        """The links' delay proxy's process (None before connect)."""
+        return self._proxy.proc.pid if self._proxy else None
+
     def command(self, line: str) -> None:
         """Tell the links (delay_proxy's commands: `delay NAME|* MS [JITTER]`, `drop`, `down`, `up`)."""
         self._proxy.command(line)
