@@ -226,7 +226,7 @@ class PoolCosts:
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
-            self.draft_sessions = self._ewma(self.draft_sessions, passes.sessions / passes.passes)
+            self.draft_sessions = _ewma(self.draft_sessions, passes.sessions / passes.passes, d)
             self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d)
             self.draft_call.add(c.gamma, c.draft_call_ms, d)
             self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d)
@@ -236,12 +236,9 @@ class PoolCosts:
         if c.verify_fed > STEADY_VERIFY_FED:
             return
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
-        self.verify_sessions = self._ewma(self.verify_sessions, passes.sessions / passes.passes)
+        self.verify_sessions = _ewma(self.verify_sessions, passes.sessions / passes.passes, d)
         self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, d)
         self.verify_call.add(c.gamma, c.verify_call_ms, d)
-
-    def _ewma(self, old: float, new: float) -> float:
-        return new if old < 0 else self.decay * old + (1 - self.decay) * new
 
 
 @dataclass
@@ -307,11 +304,11 @@ class CohortProbes:
 
     def cycled(self, wall_ms: float) -> None:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
-        old = self.cycle_ms
-        self.cycle_ms = wall_ms if old < 0 else self.decay * old + (1 - self.decay) * wall_ms
+        self.cycle_ms = _ewma(self.cycle_ms, wall_ms, self.decay)
 
     def drafted(self, accepted: int, cycle_ms: float, every: int) -> None:
-        """A drafting cycle of any session came back, after `cycle_ms`, accepting `accepted`."""
+        """A drafting cycle of any session came back, after `cycle_ms` (the gap's cycle until a
+        steady one has been seen), accepting `accepted`."""
         now = self.clock()
         if now >= self.due_at:  # the first outcome of a due probe (or of drafting after a pause)
             self.gap = 0 if accepted else min(2 * (self.gap or every), MAX_PROBE_GAP)
@@ -481,6 +478,11 @@ class GammaPolicy:
         the acceptance of `state` (a stored session's to_dict; unknown fields ignored) or none yet."""
         known = {k: v for k, v in (state or {}).items() if k in ACCEPTANCE}
         return replace(self, **(ACCEPTANCE | known))
+
+
+def _ewma(old: float, new: float, decay: float) -> float:
+    """An exponentially weighted mean; old < 0: none yet, the first value is it."""
+    return new if old < 0 else decay * old + (1 - decay) * new
 
 
 def _sum_lines(*weighted: tuple[LinearFit, float]) -> tuple[float, float]:

@@ -477,6 +477,7 @@ def test_a_cohort_probe_whose_draft_caught_up_for_long_does_not_push_the_next_on
         session.observe(cycle(0))
     assert session.choose() > 0
 
+
 # --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
 
 
