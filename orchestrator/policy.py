@@ -53,17 +53,12 @@ and costs about intercept + slope · (its tokens, all sessions'). The workers sa
 passes it ran in (tandem.wire.worker.Batching); the policy fits that line per worker, and
 charges the session its share of a pass: intercept / (sessions in the pass) + slope · (its own
 tokens). Summed over the sessions of a pass the shares are the pass, so a session that
-maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense.
-With n the sessions in a pass and 1/n averaged over the calls (a session's mean share):
+maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense:
 
-    draft(γ) = γ · (draft intercept · mean draft 1/n + draft slope) + draft call(γ)  (γ > 0;
-               times the chance that the block was not drafted ahead, alone)
-    verify(γ) = verify intercept · mean verify 1/n + verify slope · (γ + 1) + verify call(γ)
-    overhead = orchestrator CPU(γ) + latency(γ) · mean verify 1/n
-
-Every line's level follows the last few cycles and its slope a longer run of them
-(tandem.math.fit.CostLine): a cohort drafts one γ in passes of one size for a while, and a slope
-from a few cycles of it is noise.
+    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call(γ)  (γ > 0; times
+               the chance that the block was not drafted ahead, alone)
+    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call(γ)
+    overhead = orchestrator CPU(γ) + latency(γ) / verify sessions
 
 Alone (one session per pass) this is the session's own speed. With many sessions the
 intercepts are shared and only the per-token slopes stay whole: drafting pays when the draft's
@@ -96,8 +91,8 @@ maximizes the cohort's expected tokens over its time, as a batch-wide γ does (v
 SmartSpec's per-batch goodput). Choosing each with its own α, 8 sessions in flight on the test
 bed output 2.33 tokens per cycle at a mean γ of 3.06, against 2.53 at γ = 3 for all, in cycles
 as long. They probe together too (CohortProbes), on the replica's schedule rather than each on
-its own streak (a session that probes alone lags its cohort by a draft call and splits off into
-passes of its own), and wait twice as long after each probe that did not make drafting win. With n-gram drafts on held-out code (γ = 0 best) at 8 in flight, sessions
+its own streak: a session that probes alone lags its cohort by a draft call and splits off into
+passes of its own. With n-gram drafts on held-out code (γ = 0 best) at 8 in flight, sessions
 probing alone held the verifier's passes at 6.3–6.7 sessions against γ = 0's 7.5–7.9 and served
 0.78–0.95× its tokens/s; probing together, 0.99×.
 
@@ -123,7 +118,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 
 from tandem.math.acceptance import verified_tokens
-from tandem.math.fit import CostLine
+from tandem.math.fit import LinearFit
 from tandem.wire.worker import Batching
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
@@ -173,24 +168,19 @@ class PoolCosts:
     """What a cycle's work costs the cluster, from the cycles of every session of a replica."""
 
     decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
-    slope_decay: float = 0.998  # the lines' slopes, per cycle observed (tandem.math.fit.CostLine)
-    # A session's share of a pass: the mean of 1 / (sessions in it) over the calls (exponentially
-    # weighted; -1: not yet). The mean of sessions per pass over the calls counts a full pass once
-    # per session in it and a pass run alone once: when passes split, it overstated the sessions
-    # that share a pass's fixed cost.
-    draft_share: float = -1.0
-    verify_share: float = -1.0
+    draft_sessions: float = -1.0  # sessions per draft pass (exponentially weighted; -1: not yet)
+    verify_sessions: float = -1.0  # sessions per verify pass
     # Each worker's cost of one pass against the tokens it ran (every session's).
-    draft_pass: CostLine = field(default_factory=CostLine)
-    verify_pass: CostLine = field(default_factory=CostLine)
+    draft_pass: LinearFit = field(default_factory=LinearFit)
+    verify_pass: LinearFit = field(default_factory=LinearFit)
     # A call's costs besides its passes, against γ (the module's docstring): sampled, they grow
     # with the drafted tokens' distributions.
-    draft_call: CostLine = field(default_factory=CostLine)  # the draft worker's CPU (handling_ms)
-    draft_overhead: CostLine = field(default_factory=CostLine)  # the orchestrator's CPU for it
-    draft_latency: CostLine = field(default_factory=CostLine)  # its wall time beyond work and CPU
-    verify_call: CostLine = field(default_factory=CostLine)
-    overhead: CostLine = field(default_factory=CostLine)  # the orchestrator's CPU per cycle, draft call aside
-    latency: CostLine = field(default_factory=CostLine)
+    draft_call: LinearFit = field(default_factory=LinearFit)  # the draft worker's CPU (handling_ms)
+    draft_overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU for it
+    draft_latency: LinearFit = field(default_factory=LinearFit)  # its wall time beyond work and CPU
+    verify_call: LinearFit = field(default_factory=LinearFit)
+    overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU per cycle, draft call aside
+    latency: LinearFit = field(default_factory=LinearFit)
 
     @property
     def measured(self) -> bool:
@@ -200,17 +190,17 @@ class PoolCosts:
     @property
     def shared(self) -> bool:
         """Whether sessions share the verifier's passes: the load at which they draft as cohorts."""
-        return 0.0 <= self.verify_share < 1.0 / SHARED_PASS
+        return self.verify_sessions > SHARED_PASS
 
     def draft_ms_per_token(self) -> float:
         """A session's share of one draft step."""
         intercept, slope = self.draft_pass.line()
-        return intercept * _share(self.draft_share) + slope
+        return intercept / max(self.draft_sessions, 1.0) + slope
 
     def verify_ms(self, gamma: int) -> float:
         """A session's share of the verify pass of a γ-token block."""
         intercept, slope = self.verify_pass.line()
-        return intercept * _share(self.verify_share) + slope * (gamma + 1)
+        return intercept / max(self.verify_sessions, 1.0) + slope * (gamma + 1)
 
     def cycle_ms(self, gamma: int) -> float:
         return self.cycles_ms(gamma)[gamma]
@@ -219,7 +209,7 @@ class PoolCosts:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
         (each line read once a call, not once a γ: a policy asks for every γ each cycle).
         ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
-        share = _share(self.verify_share)  # latency is shared like a pass's intercept
+        share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
         slope = self.verify_pass.line()[1]  # each drafted token adds to the verify pass
         v0, v1 = _sum_lines((self.verify_call, 1.0), (self.overhead, 1.0), (self.latency, share))
         verify = [self.verify_ms(0) + v0 + (slope + v1) * g for g in range(top + 1)]
@@ -232,23 +222,23 @@ class PoolCosts:
 
     def observe(self, c: CycleCosts) -> None:
         """Fold one cycle's costs into the estimates."""
-        d, s = self.decay, self.slope_decay
+        d = self.decay
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
-            self.draft_share = _ewma(self.draft_share, passes.passes / passes.sessions, d)
-            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d, s)
-            self.draft_call.add(c.gamma, c.draft_call_ms, d, s)
-            self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d, s)
-            self.draft_latency.add(c.gamma, max(c.draft_latency_ms, 0.0), d, s)
-        self.overhead.add(c.gamma, c.overhead_ms, d, s)
-        self.latency.add(c.gamma, max(c.latency_ms, 0.0), d, s)
+            self.draft_sessions = _ewma(self.draft_sessions, passes.sessions / passes.passes, d)
+            self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d)
+            self.draft_call.add(c.gamma, c.draft_call_ms, d)
+            self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d)
+            self.draft_latency.add(c.gamma, max(c.draft_latency_ms, 0.0), d)
+        self.overhead.add(c.gamma, c.overhead_ms, d)
+        self.latency.add(c.gamma, max(c.latency_ms, 0.0), d)
         if c.verify_fed > STEADY_VERIFY_FED:
             return
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
-        self.verify_share = _ewma(self.verify_share, passes.passes / passes.sessions, d)
-        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, d, s)
-        self.verify_call.add(c.gamma, c.verify_call_ms, d, s)
+        self.verify_sessions = _ewma(self.verify_sessions, passes.sessions / passes.passes, d)
+        self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, d)
+        self.verify_call.add(c.gamma, c.verify_call_ms, d)
 
 
 @dataclass
@@ -297,12 +287,8 @@ class CohortProbes:
     docstring, Cohorts). A probe is due `gap` of the replica's cycles after its last drafting
     cycle, counted in time (the replica's steady cycles' mean wall time) so that it starts with a
     turn of the event loop, whose sessions all choose then, rather than inside one; it stays due
-    until a drafting cycle comes back, the first of which doubles the gap (at most MAX_PROBE_GAP);
-    a session that then chooses to draft on the measures (not as a probe) brings it back to
-    probe_every. A probe that does not make drafting win costs what it cannot win back, whether
-    it accepted tokens or not: with the verifier's head at T = 1, 8 in flight, a probe cycle took
-    2.5 γ-0 cycles for 1.65 tokens, and probes every probe_every cycles (as long as they accepted
-    a token) held adaptive γ at 0.85–0.95× γ = 0 at a mean γ of 0.13–0.25. Steady cycles only:
+    until a drafting cycle comes back, the first of which sets the gap: probe_every again when it
+    accepted a token, doubled (at most MAX_PROBE_GAP) when it accepted none. Steady cycles only:
     a probe whose draft catches up on a long γ-0 streak, or a cycle that prefills, lasts many
     cycles, and timing the gap by it would push the next probe out in proportion (seconds at a
     gap of 64)."""
@@ -320,16 +306,12 @@ class CohortProbes:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
         self.cycle_ms = _ewma(self.cycle_ms, wall_ms, self.decay)
 
-    def won(self) -> None:
-        """A session that shares passes chose to draft on the measures."""
-        self.gap = 0
-
-    def drafted(self, cycle_ms: float, every: int) -> None:
+    def drafted(self, accepted: int, cycle_ms: float, every: int) -> None:
         """A drafting cycle of any session came back, after `cycle_ms` (the gap's cycle until a
-        steady one has been seen)."""
+        steady one has been seen), accepting `accepted`."""
         now = self.clock()
         if now >= self.due_at:  # the first outcome of a due probe (or of drafting after a pause)
-            self.gap = min(2 * (self.gap or every), MAX_PROBE_GAP)
+            self.gap = 0 if accepted else min(2 * (self.gap or every), MAX_PROBE_GAP)
         per_cycle = self.cycle_ms if self.cycle_ms >= 0 else cycle_ms
         self.due_at = now + (self.gap or every) * per_cycle / 1e3
 
@@ -425,8 +407,6 @@ class GammaPolicy:
         gamma = max(range(top + 1), key=lambda g: (rates[g], -g))
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)
-        elif gamma and self.costs.shared:
-            self.probes.won()
         return gamma
 
     def _probe_due(self) -> bool:
@@ -462,7 +442,7 @@ class GammaPolicy:
         if c.gamma:
             self._observe_shape(c, output_tokens)
             self.pair.observe(c.accepted, c.gamma, c.guessed, c.recovered)
-            self.probes.drafted(c.wall_ms, self.probe_every)
+            self.probes.drafted(c.accepted, c.wall_ms, self.probe_every)
         self.costs.observe(c)
 
     def _observe_probe(self, c: CycleCosts) -> None:
@@ -505,12 +485,7 @@ def _ewma(old: float, new: float, decay: float) -> float:
     return new if old < 0 else decay * old + (1 - decay) * new
 
 
-def _share(share: float) -> float:
-    """A session's share of a pass: as measured, or the whole pass before it has been."""
-    return share if share >= 0 else 1.0
-
-
-def _sum_lines(*weighted: tuple[CostLine, float]) -> tuple[float, float]:
+def _sum_lines(*weighted: tuple[LinearFit, float]) -> tuple[float, float]:
     """Σ weight · line, as (intercept, slope)."""
     lines = [(fit.line(), weight) for fit, weight in weighted]
     return sum(w * a for (a, _), w in lines), sum(w * b for (_, b), w in lines)

@@ -8,7 +8,7 @@ from itertools import accumulate
 import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
-from tandem.math.fit import CostLine
+from tandem.math.fit import LinearFit
 from tandem.orchestrator.policy import ACCEPTANCE, MAX_PROBE_GAP, CohortProbes, CycleCosts, GammaPolicy
 from tandem.wire.worker import Batching
 
@@ -146,7 +146,7 @@ def test_costs_are_learned_from_steady_cycles_only():
     catch_up = replace(cheap_good_cycle(1), draft_cost_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
     policy.observe(catch_up)
     assert asdict(policy.costs.draft_pass) == before["draft_pass"]
-    assert policy.costs.verify_pass.n > before["verify_pass"]["recent"]["n"]  # the verifier's call was steady
+    assert policy.costs.verify_pass.n > before["verify_pass"]["n"]  # the verifier's call was steady
     assert policy.accepted == pytest.approx(policy.decay * accepted + 1)  # acceptance counts
     per_token = policy.costs.draft_ms_per_token()
     policy.observe(replace(cheap_good_cycle(2), draft_cost_ms=2.0, draft_fed=2))  # a full accept: steady
@@ -288,8 +288,7 @@ def test_verify_cost_fit_is_never_negative_or_decreasing():
     steep = GammaPolicy()  # y = 3x - 2: the line would be negative at x = 0
     for g in [1, 3, 5, 7] * 3:
         steep.observe(CycleCosts(g, 0, 1.0, 0.0, 3.0 * (g + 1) - 2.0, 0.0, 0.0))
-    intercept, slope = steep.costs.verify_pass.line()
-    assert intercept >= 0 and slope < 3.0  # clamped: the fitted line is negative at no tokens
+    assert steep.costs.verify_ms(-1) == pytest.approx(0.0, abs=1e-9)  # clamped to pass through the origin
     assert all(steep.costs.verify_ms(g) > 0 for g in range(9))
     falling = GammaPolicy()  # noise making verify look cheaper with more tokens: slope 0
     for g in [1, 3, 5, 7] * 3:
@@ -328,26 +327,13 @@ def test_a_session_is_charged_its_share_of_each_pass(sessions):
     policy = GammaPolicy()
     for g, others in zip([1, 3, 2, 4, 1, 3] * 4, [1, 2, 4, 8, 3, 6] * 4):
         policy.observe(loaded_cycle(g, sessions, others))
-    assert policy.costs.verify_share == pytest.approx(1 / sessions) and policy.costs.draft_share == pytest.approx(1 / sessions)
+    assert policy.costs.verify_sessions == pytest.approx(sessions) and policy.costs.draft_sessions == pytest.approx(sessions)
     for g in range(9):
         assert policy.costs.verify_ms(g) == pytest.approx(10.0 / sessions + 0.5 * (g + 1), rel=1e-6)
     assert policy.costs.draft_ms_per_token() == pytest.approx(2.0 / sessions + 0.4, rel=1e-6)
     gammas = [0, 3, 8, 1][:sessions] if sessions <= 4 else [g % 9 for g in range(sessions)]
     shares = sum(policy.costs.verify_ms(g) for g in gammas)
     assert shares == pytest.approx(10.0 + 0.5 * sum(g + 1 for g in gammas), rel=1e-6)
-
-
-def test_a_passs_fixed_cost_is_shared_by_the_sessions_in_it_when_passes_split():
-    """Passes of 8 sessions and passes of 2 in turn: each session's call reports its own pass.
-    The fixed costs are 2 passes' per 10 session-passes, a session's mean share 1/5; the mean of
-    sessions per pass over the calls (6.8) put it at 1/6.8, charging a third too little."""
-    policy = GammaPolicy()
-    for _ in range(20):
-        for sessions in (8, 2):
-            for _ in range(sessions):
-                policy.observe(loaded_cycle(0, sessions))
-    share = policy.costs.verify_ms(0) - 0.5  # intercept · share + slope · 1 token
-    assert share == pytest.approx(10.0 / 5, rel=0.2) and share > 10.0 / 6.8 * 1.15  # decayed: the last passes weigh more
 
 
 def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
@@ -432,8 +418,8 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     """Under load a session that probes alone lags its cohort by a draft call (the policy's
     docstring): sessions that share passes probe all at once, `gap` of the replica's cycles (in
     their wall time) after its last drafting cycle, whatever their own streaks; a probe that
-    does not make drafting win doubles the gap, whatever it accepted, and a choice to draft on
-    the measures brings it back to probe_every. Alone, each session keeps its own streak."""
+    accepts nothing doubles the gap, one that accepts a token brings it back to probe_every.
+    Alone, each session keeps its own streak."""
     now = [0.0]
     replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
     cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)  # 8 sessions a pass, the draft lost
@@ -451,12 +437,11 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     cohort[0].observe(cycle(probes[0]))  # the first outcome: nothing accepted, the gap doubles again
     assert replica.probes.gap == 4 * replica.probe_every and cohort[1].choose() == 0
     now[0] += 4 * 8 * 0.020
-    cohort[1].observe(replace(cycle(cohort[1].choose()), accepted=1))  # a probe accepts a token, γ = 0 still wins
-    assert replica.probes.gap == 8 * replica.probe_every and cohort[2].choose() == 0
-    for _ in range(20):  # the draft follows the text now: every token accepted
-        g = cohort[3].choose() or 4
-        cohort[3].observe(replace(cycle(g), accepted=g))
-    assert cohort[2].choose() > 0 and replica.probes.gap == 0  # drafting wins on the measures
+    cohort[1].observe(replace(cycle(cohort[1].choose()), accepted=1))  # a probe accepts a token
+    assert replica.probes.gap == 0
+    assert cohort[2].choose() == 0
+    now[0] += 8 * 0.020
+    assert cohort[2].choose() > 0
 
     alone = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
     for g in [4, 2, 4, 6] * 4:
@@ -686,7 +671,7 @@ def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
     costs = policy.costs
     assert costs.overhead.at(3) == pytest.approx(1.0) and costs.draft_overhead.at(3) == pytest.approx(0.5)
     cycles = costs.cycles_ms(3)
-    unaware = replace(costs, draft_overhead=CostLine()).cycles_ms(3)
+    unaware = replace(costs, draft_overhead=LinearFit()).cycles_ms(3)
     assert cycles[0] == unaware[0] and all(c == pytest.approx(u + 0.5) for c, u in zip(cycles[1:], unaware[1:]))
 
 

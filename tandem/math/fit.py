@@ -1,7 +1,6 @@
-"""A cost against its tokens: a decayed least-squares line, kept where a cost can be, and one
-whose level and slope have memories of their own."""
+"""A cost against its tokens: a decayed least-squares line, kept where a cost can be."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -24,15 +23,13 @@ class LinearFit:
         """Whether x has varied, so that the slope is measured."""
         return self.n > 0 and self._var() > 1e-6
 
-    def line(self, slope: float | None = None) -> tuple[float, float]:
+    def line(self) -> tuple[float, float]:
         """(intercept, slope); a flat line through the mean while x has not varied, and (0, 0)
-        before anything was measured (a cost not seen yet is none). slope: drawn through the mean
-        with this one instead (another memory's: CostLine)."""
+        before anything was measured (a cost not seen yet is none)."""
         if not self.n:
             return 0.0, 0.0
         mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        if slope is None:
-            slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / self._var()) if self.varied else 0.0
+        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / self._var()) if self.varied else 0.0
         if mean_x > 0:
             slope = min(slope, mean_y / mean_x)  # a cost is never below nothing at x = 0
         return mean_y - slope * mean_x, slope
@@ -44,33 +41,3 @@ class LinearFit:
 
     def _var(self) -> float:
         return self.sxx / self.n - (self.sx / self.n) ** 2
-
-
-@dataclass
-class CostLine:
-    """A cost against x whose level follows the recent points and whose slope comes from a longer
-    run of them. Where x stays put for a while (sessions that draft as a cohort send passes of one
-    size and calls of one γ), a short memory's slope is the noise of a few points, and a choice
-    between γs reads it: measured on the test bed, within one run a verify pass's slope ranged over
-    0.29–1.07 ms a token and the latency's over 0–5.6 ms a drafted token. The slope is what the
-    hardware does per unit of x, which the load moves slowly; the level moves with it."""
-
-    recent: LinearFit = field(default_factory=LinearFit)
-    longer: LinearFit = field(default_factory=LinearFit)
-
-    @property
-    def n(self) -> float:
-        return self.recent.n
-
-    def add(self, x: float, y: float, decay: float, slope_decay: float) -> None:
-        self.recent.add(x, y, decay)
-        self.longer.add(x, y, slope_decay)
-
-    def line(self) -> tuple[float, float]:
-        """(intercept, slope): the longer memory's slope through the recent points' mean."""
-        return self.recent.line(slope=self.longer.line()[1])
-
-    def at(self, x: float) -> float:
-        """The line at x."""
-        intercept, slope = self.line()
-        return intercept + slope * x
