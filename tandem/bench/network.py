@@ -13,8 +13,11 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+
+import grpc
 
 from tandem.bench.procfs import cpu_seconds, descendants
 from tandem.bench.testbed import Testbed
@@ -93,8 +96,16 @@ class NetworkCluster:
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()
+        started = time.monotonic()
         if not ready.wait(READY_S) or proc.poll() is not None:
             raise RuntimeError("tandem orchestrator did not start on the test bed:\n" + "\n".join(seen[-20:]))
+        # Ray's gRPC proxy can take its port after the orchestrator reports the ingress: once, on a
+        # busy machine, the first call was refused past the SDK's retries.
+        with grpc.insecure_channel(f"{host.address}:{GRPC_PORT}") as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=max(1.0, READY_S - (time.monotonic() - started)))
+            except grpc.FutureTimeoutError:
+                raise RuntimeError(f"the test bed's gRPC ingress {host.address}:{GRPC_PORT} did not answer") from None
 
     def cpu_ms(self) -> dict[str, float]:
         """Each of the cluster's roles' CPU time so far, in ms: each worker's process, the
