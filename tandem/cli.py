@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -356,22 +355,6 @@ def _addresses(text: str) -> tuple[str, ...]:
 # --- tandem generate -------------------------------------------------------------------------
 
 
-def _wait_ready(address: str, timeout_s: float) -> None:
-    import grpc
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        channel = grpc.insecure_channel(address)
-        try:
-            grpc.channel_ready_future(channel).result(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
-            return
-        except grpc.FutureTimeoutError:
-            if time.monotonic() >= deadline:
-                raise SystemExit(f"tandem: nothing answers on {address} after {timeout_s:.0f} s")
-        finally:
-            channel.close()
-
-
 def cmd_generate(args) -> None:
     from tandem import Client, TandemError
 
@@ -379,7 +362,10 @@ def cmd_generate(args) -> None:
         raise SystemExit("tandem generate: give a prompt or --prompt-ids, not both")
     ids = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids else None
     if args.wait:
-        _wait_ready(args.address, args.wait)
+        from tandem.ports import grpc_answers
+
+        if not grpc_answers(args.address, args.wait):
+            raise SystemExit(f"tandem: nothing answers on {args.address} after {args.wait:.0f} s")
     gamma = None if args.gamma in (None, "auto") else int(args.gamma)
     with Client(args.address, api_key=args.api_key) as client:
         try:

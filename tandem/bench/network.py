@@ -17,12 +17,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
-
 from tandem.bench.procfs import cpu_seconds, descendants
 from tandem.bench.testbed import Testbed
 from tandem.local import VERIFIER_DRAFTERS, spawn_worker, stop_processes, verifier_args, worker_model
 from tandem.orchestrator.redis_server import EmbeddedRedis
+from tandem.ports import grpc_answers
 
 GRPC_PORT = 9000  # each host is a namespace of its own: its ports are free
 READY_S = 180  # Ray's start in a fresh namespace, on a busy small machine
@@ -101,11 +100,8 @@ class NetworkCluster:
             raise RuntimeError("tandem orchestrator did not start on the test bed:\n" + "\n".join(seen[-20:]))
         # Ray's gRPC proxy can take its port after the orchestrator reports the ingress: once, on a
         # busy machine, the first call was refused past the SDK's retries.
-        with grpc.insecure_channel(f"{host.address}:{GRPC_PORT}") as channel:
-            try:
-                grpc.channel_ready_future(channel).result(timeout=max(1.0, READY_S - (time.monotonic() - started)))
-            except grpc.FutureTimeoutError:
-                raise RuntimeError(f"the test bed's gRPC ingress {host.address}:{GRPC_PORT} did not answer") from None
+        if not grpc_answers(f"{host.address}:{GRPC_PORT}", max(1.0, READY_S - (time.monotonic() - started))):
+            raise RuntimeError(f"the test bed's gRPC ingress {host.address}:{GRPC_PORT} did not answer")
 
     def cpu_ms(self) -> dict[str, float]:
         """Each of the cluster's roles' CPU time so far, in ms: each worker's process, the
