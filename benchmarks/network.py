@@ -116,7 +116,8 @@ def _prompts(target: str) -> list[list[int]]:
 
 # What a sweep keeps of each run (tandem.bench.summary's row, and the machine's CPU per cycle).
 SWEEP_FIELDS = ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms", "mean_gamma", "acceptance_rate",
-                "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle", "cores_by_role")
+                "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle", "cores_by_role",
+                "sessions_per_pass")
 
 
 def sweep(args) -> None:
@@ -143,7 +144,7 @@ def sweep(args) -> None:
             batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
             # Every mode once per round, in a new order each round: drift spreads over all modes.
             for repeat, mode in ((r, m) for r in range(args.repeats) for m in rng.sample(modes, len(modes))):
-                busy, by_role = busy_ms(), cluster.cpu_ms()
+                busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              round_seed(args.seed, repeat), ignore_eos=True)
                 row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
@@ -152,6 +153,10 @@ def sweep(args) -> None:
                 # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
                 row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3)
                                         for role, ms in cluster.cpu_ms().items()}
+                # How full each worker's passes were: cohorts that merge or take turns move a run's
+                # tokens/s by more than the policy's goal.
+                row["sessions_per_pass"] = {name: (sessions - passes[name][1]) / max(count - passes[name][0], 1.0)
+                                            for name, (count, sessions) in cluster.passes().items()}
                 rows.append({"drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                              "workload": workload, "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
             best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])

@@ -249,18 +249,22 @@ def test_a_worker_behind_a_dropping_link_fails_over_and_the_stream_is_unchanged(
 def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
     """`tandem orchestrator` (Ray Serve) on a host of its own, each worker on another, 5 ms each
     way between them: the stream is the target's own, and every cycle's calls crossed the links.
-    Each role's CPU is read from its processes, the orchestrator's with Ray's."""
+    Each role's CPU is read from its processes, the orchestrator's with Ray's, and each worker's
+    passes from its metrics: one session alone runs one session a pass."""
     from tandem import Client
 
     delay = 5.0
     prompt = pair["prompts"][0]
     expected = hf_greedy(target_model, prompt, 24)
     with NetworkCluster(pair["draft"], pair["target"], delay_ms=delay) as cluster, Client(cluster.address) as client:
-        before = cluster.cpu_ms()
+        before, passed = cluster.cpu_ms(), cluster.passes()
         result = client.generate(prompt_token_ids=prompt, max_tokens=24, temperature=0, gamma=3)
-        after = cluster.cpu_ms()
+        after, passes = cluster.cpu_ms(), cluster.passes()
         alone = 1e3 * cpu_seconds(cluster.procs["orchestrator"].pid)
     assert result.token_ids == expected
+    for name in ("draft-0", "target-0"):
+        ran, sessions = passes[name][0] - passed[name][0], passes[name][1] - passed[name][1]
+        assert ran >= len(result.stats.per_cycle) and sessions == ran
     assert all(c.transport_ms >= 2 * delay for c in result.stats.per_cycle)  # at least one call's round trip
     assert set(after) == {"draft-0", "target-0", "orchestrator", "delay proxy"}
     assert all(after[role] > before[role] for role in ("draft-0", "target-0", "delay proxy"))

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +25,7 @@ from tandem.orchestrator.redis_server import EmbeddedRedis
 from tandem.ports import grpc_answers
 
 GRPC_PORT = 9000  # each host is a namespace of its own: its ports are free
+METRICS_PORT = 9100  # each worker's Prometheus metrics, on its host's address
 READY_S = 180  # Ray's start in a fresh namespace, on a busy small machine
 
 
@@ -70,7 +72,7 @@ class NetworkCluster:
         args = (*self.worker_args, *self.verifier_args) if kind == "target" else self.worker_args
         host = self.bed.hosts[name]
         proc, address = spawn_worker(kind, model, host.address, 1, "cpu", "float32", echo=self.echo,
-                                     args=args, prefix=self.bed.prefix(name))
+                                     metrics_port=METRICS_PORT, args=args, prefix=self.bed.prefix(name))
         self.procs[name] = proc
         return address
 
@@ -113,6 +115,20 @@ class NetworkCluster:
         if self.bed.proxy_pid:
             pids["delay proxy"] = [self.bed.proxy_pid]
         return {role: 1e3 * sum(filter(None, map(cpu_seconds, group))) for role, group in pids.items()}
+
+    def passes(self) -> dict[str, tuple[float, float]]:
+        """Each worker's forward passes so far and the sessions they ran, summed (its
+        tandem:worker_batch_sessions histogram): between two readings, sessions per pass, how full
+        the passes were (at 8 in flight, one cohort of 8 or two of 4 taking turns)."""
+        counts = {}
+        for name in self.workers:
+            url = f"http://{self.bed.hosts[name].address}:{METRICS_PORT}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as page:
+                values = dict(line.rsplit(" ", 1) for line in page.read().decode().splitlines()
+                              if line.startswith("tandem:worker_batch_sessions_"))
+            counts[name] = (float(values["tandem:worker_batch_sessions_count"]),
+                            float(values["tandem:worker_batch_sessions_sum"]))
+        return counts
 
     def stop(self) -> None:
         stop_processes(list(self.procs.values()), timeout_s=30)
