@@ -155,8 +155,8 @@ def sweep(args) -> None:
                                         for role, ms in cluster.cpu_ms().items()}
                 # How full each worker's passes were: cohorts that merge or take turns move a run's
                 # tokens/s by more than the policy's goal.
-                row["sessions_per_pass"] = {name: (sessions - passes[name][1]) / max(count - passes[name][0], 1.0)
-                                            for name, (count, sessions) in cluster.passes().items()}
+                row["sessions_per_pass"] = {name: (sessions - passes[name][0]) / max(count - passes[name][1], 1.0)
+                                            for name, (sessions, count) in cluster.passes().items()}
                 rows.append({"drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                              "workload": workload, "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
             best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])

@@ -14,30 +14,22 @@ given).
 
 import argparse
 import json
-import re
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from vllm_peer import ROOT, load_prompt_ids, say, sessions_at
 
 from tandem.bench.runs import cluster_mode, concurrent_runs
+from tandem.bench.worker_metrics import batch_histogram
 from tandem.local import LocalCluster
 from tandem.ports import free_port
 
 
-def histogram(port: int, name: str) -> tuple[float, float]:
-    """(sum, count) of a worker's histogram."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return tuple(float(re.search(rf"^tandem:worker_batch_{name}_{part} (\S+)", text, re.M).group(1))
-                 for part in ("sum", "count"))
-
-
 def fill(port: int, run) -> dict:
     """run() between two reads of the target's histograms → passes, sessions and tokens per pass."""
-    before = {name: histogram(port, name) for name in ("sessions", "tokens")}
+    before = {name: batch_histogram("127.0.0.1", port, name) for name in ("sessions", "tokens")}
     run()
-    after = {name: histogram(port, name) for name in ("sessions", "tokens")}
+    after = {name: batch_histogram("127.0.0.1", port, name) for name in ("sessions", "tokens")}
     passes = after["sessions"][1] - before["sessions"][1]
     return {"passes": passes} | {f"{name}_per_pass": (after[name][0] - before[name][0]) / passes
                                  for name in ("sessions", "tokens")}

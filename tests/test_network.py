@@ -263,7 +263,7 @@ def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
         alone = 1e3 * cpu_seconds(cluster.procs["orchestrator"].pid)
     assert result.token_ids == expected
     for name in ("draft-0", "target-0"):
-        ran, sessions = passes[name][0] - passed[name][0], passes[name][1] - passed[name][1]
+        sessions, ran = passes[name][0] - passed[name][0], passes[name][1] - passed[name][1]
         assert ran >= len(result.stats.per_cycle) and sessions == ran
     assert all(c.transport_ms >= 2 * delay for c in result.stats.per_cycle)  # at least one call's round trip
     assert set(after) == {"draft-0", "target-0", "orchestrator", "delay proxy"}

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from tandem.bench.procfs import cpu_seconds, descendants
 from tandem.bench.testbed import Testbed
+from tandem.bench.worker_metrics import batch_histogram
 from tandem.local import VERIFIER_DRAFTERS, spawn_worker, stop_processes, verifier_args, worker_model
 from tandem.orchestrator.redis_server import EmbeddedRedis
 from tandem.ports import grpc_answers
@@ -117,18 +117,10 @@ class NetworkCluster:
         return {role: 1e3 * sum(filter(None, map(cpu_seconds, group))) for role, group in pids.items()}
 
     def passes(self) -> dict[str, tuple[float, float]]:
-        """Each worker's forward passes so far and the sessions they ran, summed (its
-        tandem:worker_batch_sessions histogram): between two readings, sessions per pass, how full
-        the passes were (at 8 in flight, one cohort of 8 or two of 4 taking turns)."""
-        counts = {}
-        for name in self.workers:
-            url = f"http://{self.bed.hosts[name].address}:{METRICS_PORT}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as page:
-                values = dict(line.rsplit(" ", 1) for line in page.read().decode().splitlines()
-                              if line.startswith("tandem:worker_batch_sessions_"))
-            counts[name] = (float(values["tandem:worker_batch_sessions_count"]),
-                            float(values["tandem:worker_batch_sessions_sum"]))
-        return counts
+        """Each worker's (sessions, passes) so far, its forward passes and the sessions they ran
+        (tandem.bench.worker_metrics): between two readings, how full the passes were (at 8 in
+        flight, one cohort of 8 or two of 4 taking turns)."""
+        return {name: batch_histogram(self.bed.hosts[name].address, METRICS_PORT, "sessions") for name in self.workers}
 
     def stop(self) -> None:
         stop_processes(list(self.procs.values()), timeout_s=30)
