@@ -245,12 +245,15 @@ class VerifierClient(WorkerClient):
         self, session_id: str, cache_len: int, tokens: list[int], proposal: wire.Proposal | None,
         params: SamplingParams, parent: Context | None = None, epoch: int = 0, verification: str = "token",
         next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (), tree_rule: str = "",
+        keep_next_distributions: bool = False,
     ) -> Reply:
         """next_gamma: a verifier that drafts also drafts the next cycle's block of this many tokens
-        (a token tree that deep, next_tree_widths children per node at each depth); tree_rule: how
-        a sampled tree's children are drawn and verified ("rrsw", "greedy"; "": rrsw)."""
+        (a token tree that deep, next_tree_widths children per node at each depth), keeping its
+        distributions (keep_next_distributions) for the call that verifies it (a proposal marked
+        held); tree_rule: how a sampled tree's children are drawn and verified ("rrsw", "greedy";
+        "": rrsw)."""
         def encode(trace_context):
             return wire.verify_request(session_id, cache_len, tokens, proposal, params, trace_context, verification,
-                                       epoch, next_gamma, next_tree_widths, tree_rule)
+                                       epoch, next_gamma, next_tree_widths, tree_rule, keep_next_distributions)
 
         return await self._call("Verify", encode, wire.verification_from_pb, parent)

@@ -211,6 +211,10 @@ class SpeculativeLoop:
                 ahead.cancel()
             raise
         verdict = verify.answer
+        if verdict.dropped_block:  # the verifier no longer kept the block's distributions: it verified none
+            metrics.dropped_blocks.inc()
+            draft = proposal = None
+            gamma, branched = 0, False
         # 4. Accept/reject by the block's rule (tandem.rules: the session's for a chain, a token
         #    tree's own), with counter-based uniforms keyed by this cycle (tandem.math.rng).
         position = len(s.tokens)
@@ -298,7 +302,7 @@ class SpeculativeLoop:
         parents = block.parents[:keep]
         rows = len(tree.expanded(tuple(parents))) if parents else keep  # draft distributions: a tree's per parent
         trimmed = Proposal(block.draft_tokens[:keep], block.draft_token_probs[:keep], block.draft_distributions[:rows],
-                           block.compute_ms, block.batching, parents)
+                           block.compute_ms, block.batching, parents, held=block.held)
         return Reply(trimmed, 0.0, 0, verify.fed)
 
     def _draft_ahead(self, s: Session, proposal: Proposal | None, parent: Context,
@@ -390,7 +394,8 @@ class SpeculativeLoop:
         def call(client, cache_len: int, tokens: list[int]):
             return client.verify(s.session_id, cache_len, tokens, proposal, s.params, parent, epoch=s.epoch,
                                  verification=s.request.verification, next_gamma=next_gamma,
-                                 next_tree_widths=next_widths, tree_rule=s.request.tree_rule)
+                                 next_tree_widths=next_widths, tree_rule=s.request.tree_rule,
+                                 keep_next_distributions=bool(next_gamma) and not s.params.greedy)
 
         deadline = time.monotonic() + self.verifier_wait_s
         while (reply := await self._on_worker(s, self.targets, call, parent)) is None:

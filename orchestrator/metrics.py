@@ -47,6 +47,8 @@ reprefills = Counter("tandem:reprefills", "Whole sequences sent again to a worke
                      "(cache_miss) or the session moved to it (failover).", ["pool", "reason"], registry=REGISTRY)
 undrafted_cycles = Counter("tandem:undrafted_cycles", "Cycles run at γ = 0 because no draft worker was available.",
                            registry=REGISTRY)
+dropped_blocks = Counter("tandem:dropped_blocks", "Blocks a verifier drafted that it did not verify: it no longer "
+                         "kept their distributions (the session re-prefilled or moved).", registry=REGISTRY)
 resumes = Counter("tandem:resumes", "Sessions resumed from Redis.", registry=REGISTRY)
 store_unavailable = Counter("tandem:store_unavailable", "Requests that ended because Redis stayed unreachable.",
                         registry=REGISTRY)

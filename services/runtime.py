@@ -31,10 +31,34 @@ from tandem.wire.worker import ModelInfo
 log = logging.getLogger("tandem.worker")
 
 
+@dataclass(frozen=True)
+class KeptBlock:
+    """The draft distributions of a block a verifier drafted for a session's next cycle and kept
+    with the session's cache rather than answering them (VerifyRequest.keep_next_distributions):
+    the position of its first token, its tokens and parents (a chain's empty), and one packed
+    distribution per row (tandem.services.distributions)."""
+
+    position: int
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    distributions: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(d.probs) + len(d.token_ids) for d in self.distributions)
+
+    def holds(self, tokens, parents) -> bool:
+        """Whether a block of these tokens and parents is a prefix of this one, a chain of a
+        chain's, a tree of a tree's (the caller may verify fewer tokens than were drafted)."""
+        return (tuple(tokens) == self.tokens[:len(tokens)] and bool(parents) == bool(self.parents)
+                and tuple(parents) == self.parents[:len(parents)])
+
+
 @dataclass
 class _Session:
     cache: Any  # the forward pass's: a kv.BlockTable or a DynamicCache
     length: int  # tokens held
+    kept: KeptBlock | None = None  # its next block's distributions, where this verifier drafted it
 
 
 class CacheMiss(Exception):
@@ -211,7 +235,9 @@ class ModelRuntime:
 
     @property
     def cache_bytes(self) -> int:
-        return self.forward_pass.cache_bytes
+        with self._lock:
+            kept = sum(s.kept.nbytes for s in self._sessions.values() if s.kept is not None)
+        return self.forward_pass.cache_bytes + kept
 
     @property
     def token_bytes(self) -> int:
@@ -227,6 +253,27 @@ class ModelRuntime:
         with self._lock:
             session = self._sessions.get(session_id)
             return session.length if session else 0
+
+    def keep_block(self, session_id: str, block: KeptBlock) -> bool:
+        """Keep a block's distributions with the session's cache (they go when it goes) → False
+        when the cache no longer holds the session."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.kept = block
+            return session is not None
+
+    def kept_block(self, session_id: str, position: int) -> KeptBlock | None:
+        """The session's kept block where its first token sits at `position`: a verify there
+        uses it (and a retry of that verify: calls stay idempotent). A verify elsewhere has moved
+        past it, and it goes."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or session.kept is None:
+                return None
+            if session.kept.position != position:
+                session.kept = None
+            return session.kept
 
     def extend(self, session_id: str, cache_len: int, tokens: list[int], keep: int = 0) -> torch.Tensor:
         """Crop the session's cache to cache_len, run tokens through it → logits [n, V] for the

@@ -8,7 +8,7 @@ from tandem.math.params import SamplingParams
 from tandem.services import distributions, draft_worker
 from tandem.services.batching import Job
 from tandem.services.limits import MAX_GAMMA
-from tandem.services.runtime import KeepPath, Step
+from tandem.services.runtime import KeepPath, KeptBlock, ModelRuntime, Step
 from tandem.services.sampler import Check, CheckTree
 from tandem.services.server import LARGE_PROBS, LARGE_TOKENS, Work, WorkerServicer
 from tandem.v1 import worker_pb2_grpc
@@ -20,12 +20,13 @@ from tandem.wire.validation import check_context, check_token_ids, invalid
 def verify(
     session_id: str, cache_len: int, tokens: list[int], draft_tokens: list[int],
     draft_probs: torch.Tensor | None, params: SamplingParams, rule: rules.ChainRule = rules.TOKEN,
+    dropped: bool = False,
 ) -> Job:
     """The job (tandem.services.batching) that checks a draft block in one step, with the
     round's others (tandem.services.sampler.Check) → a Verification. draft_probs [γ, V], or None
     for one-hot drafts. Raises CacheMiss. A sampled request's answer is its rule's (tandem.rules:
     block verification's carries h, and recovered tokens from its residuals); greedy, every chain
-    rule is the same.
+    rule is the same. dropped: the caller's held block was dropped (no block, answered so).
 
     The cache ends holding the committed tokens and the whole draft block; the orchestrator's
     next cache_len crops the rejected part away.
@@ -35,7 +36,7 @@ def verify(
     checked = yield Step(session_id, cache_len, tokens + draft_tokens, keep=gamma + 1,
                          ask=Check(params, tuple(draft_tokens), draft_probs, position, rule))
     return wire.Verification(checked.target_token_probs, checked.recovered_tokens, checked.bonus_token, 0.0,
-                             block_accept_probs=checked.block_accept_probs)
+                             block_accept_probs=checked.block_accept_probs, dropped_block=dropped)
 
 
 def verify_tree(
@@ -80,11 +81,15 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
         draft = _tree(request)
         # One draft distribution per drafted token, or per node with children in a tree.
         rows = len(tree.expanded(draft.parents)) if draft else len(request.draft_tokens)
-        if request.draft_distributions and len(request.draft_distributions) != rows:
+        position = request.cache_len + len(request.tokens)  # the block's first token's
+        messages, dropped = _distributions(request, self.runtime.kept_block(request.session_id, position), rows)
+        drafted = [] if dropped else list(request.draft_tokens)
+        draft = None if dropped else draft
+        if messages and len(messages) != rows:
             raise invalid("draft_distributions", "need one per drafted token (a tree: per node with children)")
-        if not request.draft_distributions and request.draft_tokens and not params.greedy:
+        if not messages and drafted and not params.greedy:
             raise invalid("draft_distributions", "required when sampling (temperature > 0)")
-        probs = 0 if params.greedy else (len(request.draft_tokens) + 1) * info.vocab_size
+        probs = 0 if params.greedy else (len(drafted) + 1) * info.vocab_size
         args = (request.session_id, request.cache_len, list(request.tokens))
         tree_rule = draft_worker.tree_rule(request)
         if draft:
@@ -92,14 +97,16 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
                 return verify_tree(*args, draft, draft_probs, params, tree_rule)
         else:
             def make(draft_probs):
-                return verify(*args, list(request.draft_tokens), draft_probs, params, rule)
-        job = _decoding(make, request.draft_distributions, info.vocab_size)
+                return verify(*args, drafted, draft_probs, params, rule, dropped)
+        job = _decoding(make, messages, info.vocab_size)
         if request.next_gamma:
             self._check_next(request)
-        then = (_next_block(request, draft, params, rule, tree_rule, info.max_context, self.runtime.draft_step)
-                if request.next_gamma else None)
+        then = (_next_block(request, drafted, messages, draft, params, rule, tree_rule, info.max_context,
+                            self.runtime.draft_step) if request.next_gamma else None)
+        keep = request.keep_next_distributions and not params.greedy
+        finish = _keeping(self.runtime, request.session_id, position) if keep else _with_block
         return Work(job, len(request.tokens) >= LARGE_TOKENS or probs >= LARGE_PROBS, request.writer_epoch, then,
-                    _with_block)
+                    finish)
 
     def _check_next(self, request) -> None:
         if not self.runtime.info.drafter:
@@ -124,20 +131,19 @@ class TargetVerifierServicer(WorkerServicer, worker_pb2_grpc.TargetVerifierServi
         return self.in_order(requests, lambda request: self.VerifyBatch(request, context))
 
 
-def _next_block(request, draft: tree.Tree | None, params: SamplingParams, rule: rules.ChainRule, tree_rule: str,
-                max_context: int, step: type[Step]):
+def _next_block(request, drafted: list[int], messages: list, draft: tree.Tree | None, params: SamplingParams,
+                rule: rules.ChainRule, tree_rule: str, max_context: int, step: type[Step]):
     """What follows a verify that asks for the next block: from its Verification, walk the block
-    as the orchestrator will (its rule, or the tree rule for a token tree; its counter-based
-    uniforms; the draft probabilities it holds), then the work that drafts the next block after
-    that outcome (a chain of next_gamma tokens, or a tree that deep of next_tree_widths), keyed as
-    a draft worker's call from there would key it (None when it does not fit the context); a
-    tree's children drawn by tree_rule. step: the runtime's drafting step
-    (tandem.services.head_runtime, self_draft)."""
+    (drafted, with the distributions `messages`; a token tree's `draft`) as the orchestrator will
+    (its rule, or the tree rule for a token tree; its counter-based uniforms; the draft
+    probabilities it holds), then the work that drafts the next block after that outcome (a
+    chain of next_gamma tokens, or a tree that deep of next_tree_widths), keyed as a draft
+    worker's call from there would key it (None when it does not fit the context); a tree's
+    children drawn by tree_rule. step: the runtime's drafting step (tandem.services.head_runtime,
+    self_draft)."""
     position = request.cache_len + len(request.tokens)  # the first drafted token's
-    drafted = list(request.draft_tokens)
     # A tree's walk needs no draft probabilities: its verdict carries each node's acceptance.
-    draft_probs = (distributions.token_probs(request.draft_distributions, drafted)
-                   if request.draft_distributions and not draft else [1.0] * len(drafted))
+    draft_probs = distributions.token_probs(messages, drafted) if messages and not draft else [1.0] * len(drafted)
     block = wire.Proposal(drafted, draft_probs, [], 0.0, parents=list(draft.parents) if draft else [])
 
     def then(verification: wire.Verification) -> Work | None:
@@ -171,6 +177,36 @@ def _fitting(widths: list[int], room: int) -> list[int]:
 
 def _with_block(verification: wire.Verification, block: wire.Proposal) -> None:
     verification.next_block = block
+
+
+def _keeping(runtime: ModelRuntime, session_id: str, position: int):
+    """_with_block, the block's distributions kept here with the session's cache instead
+    (keep_next_distributions): the next call verifies the block with held_distributions. Where
+    the cache lost the session meanwhile, the block carries them. position: the verified block's
+    first token's."""
+
+    def finish(verification: wire.Verification, block: wire.Proposal) -> None:
+        start = position + verification.next_accepted + 1  # the next block's first token: after the outcome
+        if block.draft_distributions and runtime.keep_block(session_id, KeptBlock(
+                start, tuple(block.draft_tokens), tuple(block.parents), tuple(block.draft_distributions))):
+            block.draft_distributions, block.held = [], True
+        _with_block(verification, block)
+
+    return finish
+
+
+def _distributions(request, kept: KeptBlock | None, rows: int) -> tuple[list, bool]:
+    """The block's draft distributions → (their messages, whether the block is dropped): the
+    request's, or with held_distributions the first `rows` of the block this verifier kept at
+    the block's position (`kept`), where it kept that block; where not (it lost the session's cache, moved past the block, or
+    another verifier drafted it), the block is dropped: verified as no block."""
+    if not request.held_distributions:
+        return list(request.draft_distributions), False
+    if request.draft_distributions:
+        raise invalid("draft_distributions", "must be empty with held_distributions: the verifier keeps them")
+    if kept is None or not kept.holds(request.draft_tokens, request.draft_parents):
+        return [], True
+    return list(kept.distributions[:rows]), False
 
 
 def _decoding(make, messages, vocab_size: int) -> Job:

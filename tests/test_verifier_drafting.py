@@ -26,12 +26,13 @@ from support.loops import generate, open_session, release, running_loop
 from support.models import llama_config, save_random_head, save_random_model
 from tandem.local import spawn_worker, stop_processes
 from tandem.math.params import SamplingParams
+from tandem.orchestrator import metrics
 from tandem.math.sampling import warp
 from tandem.services import head, head_training
 from tandem.services.head_runtime import HeadRuntime, HeadStep
-from tandem.services.runtime import KeepPath, Step
+from tandem.services.runtime import KeepPath, KeptBlock, Step
 from tandem.v1 import worker_pb2, worker_pb2_grpc
-from tandem.wire.worker import sampling_to_pb
+from tandem.wire.worker import draft_distribution, sampling_to_pb
 
 VOCAB = 300
 GREEDY = SamplingParams(temperature=0.0)
@@ -300,6 +301,55 @@ def test_a_next_block_the_verifier_cannot_draft_is_refused_naming_the_field(veri
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
 
 
+def _verify(address: str, **fields) -> worker_pb2.VerifyResponse:
+    with grpc.insecure_channel(address) as channel:
+        return worker_pb2_grpc.TargetVerifierStub(channel).Verify(worker_pb2.VerifyRequest(**fields), timeout=30)
+
+
+def test_the_verifier_keeps_its_blocks_distributions_and_verifies_them_as_if_they_were_sent(verifier):
+    """keep_next_distributions: the next block comes without its distributions, and the call that
+    verifies it with held_distributions answers what sending them would have (a twin session that
+    has them sent), again when retried; a block it did not draft is dropped, answered as plain
+    decoding."""
+    address, prompt = verifier["address"], _prompts(1, seed=31)[0]
+    sampling = sampling_to_pb(SamplingParams(SAMPLED.temperature, SAMPLED.top_k, SAMPLED.top_p, seed=4))
+    first = {"tokens": prompt, "sampling": sampling, "next_gamma": 3}
+    kept = _verify(address, session_id="kept", keep_next_distributions=True, **first)
+    sent = _verify(address, session_id="sent", **first)
+    assert list(kept.next_block.draft_tokens) == list(sent.next_block.draft_tokens)
+    assert kept.next_block.distributions_kept and not kept.next_block.draft_distributions
+    assert not sent.next_block.distributions_kept and len(sent.next_block.draft_distributions) == 3
+    block = {"cache_len": len(prompt), "tokens": [sent.next_token], "sampling": sampling,
+             "draft_tokens": list(sent.next_block.draft_tokens)[:2]}  # a prefix: what the caller still wants
+    held = _verify(address, session_id="kept", held_distributions=True, **block)
+    shipped = _verify(address, session_id="sent", draft_distributions=sent.next_block.draft_distributions[:2], **block)
+    retried = _verify(address, session_id="kept", held_distributions=True, **block)
+    for field in ("target_token_probs", "recovered_tokens", "bonus_token", "dropped_block"):
+        assert getattr(held, field) == getattr(shipped, field) == getattr(retried, field), field
+    other = [(t + 1) % VOCAB for t in block["draft_tokens"]]
+    dropped = _verify(address, session_id="kept", held_distributions=True, **{**block, "draft_tokens": other})
+    plain = _verify(address, session_id="sent", **{**block, "draft_tokens": []})
+    assert dropped.dropped_block and not dropped.target_token_probs and dropped.bonus_token == plain.bonus_token
+
+
+def test_a_kept_block_serves_a_prefix_of_itself_of_its_own_shape_only():
+    chain = KeptBlock(9, (5, 6, 7), (), ("d5", "d6", "d7"))
+    tree = KeptBlock(9, (5, 6, 7), (-1, -1, 0), ("root", "d5"))
+    assert chain.holds([5, 6], []) and chain.holds([5, 6, 7], []) and not chain.holds([5, 7], [])
+    assert tree.holds([5, 6], [-1, -1]) and not tree.holds([5, 6], [-1, 0])
+    assert not tree.holds([5, 6], []) and not chain.holds([5, 6], [-1, 0]), "a chain's rows are not a tree's"
+
+
+def test_held_distributions_with_distributions_sent_too_are_refused_naming_the_field(verifier):
+    request = worker_pb2.VerifyRequest(session_id="both", tokens=[5, 6, 7], draft_tokens=[8], held_distributions=True,
+                                       sampling=sampling_to_pb(SAMPLED),
+                                       draft_distributions=[draft_distribution(b"", b"\0" * 4 * VOCAB)])
+    with grpc.insecure_channel(verifier["address"]) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            worker_pb2_grpc.TargetVerifierStub(channel).Verify(request, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "draft_distributions" in e.value.details()
+
+
 def _second_tokens(verifier: str, redis_url: str, prompt: list[int], seeds: int,
                    **request) -> list[tuple[list[int], int]]:
     """Per seed, a sampled session of 4 tokens at γ = 2 → (its first two tokens, its second cycle's
@@ -375,16 +425,19 @@ def _chi2(tokens: list[int], expected: np.ndarray) -> float:
     return chisquare(observed, expected[support] / expected[support].sum() * len(tokens)).pvalue
 
 
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(1.0, seed=3)], ids=["greedy", "sampled"])
 def test_a_verifier_killed_mid_stream_the_next_reprefills_its_head_and_the_output_is_the_targets(
-        target, trained, redis_url, target_model):
+        target, trained, redis_url, target_model, params):
     """Two verifiers that draft; the one serving the session is SIGKILLed after its first tokens:
-    the other re-prefills the target's cache and the head's features, and drafts on."""
+    the other re-prefills the target's cache and the head's features, and drafts on. Sampled, the
+    dead verifier kept the block's distributions: the other drops the block (a γ-0 cycle)."""
     procs = [spawn_worker("target", target, "127.0.0.1", 1, "cpu", "float32", args=["--head", trained])
              for _ in range(2)]
     prompt = _prompts(1, seed=11)[0]
+    dropped = metrics.dropped_blocks._value.get()
     try:
         async def body(loop):
-            s = await open_session(loop, "failover", prompt, GREEDY, 48, 3)
+            s = await open_session(loop, "failover", prompt, params, 48, 3)
             tokens = []
             async for cycle in loop.run(s):
                 tokens += cycle.tokens
@@ -400,7 +453,11 @@ def test_a_verifier_killed_mid_stream_the_next_reprefills_its_head_and_the_outpu
         tokens, s = asyncio.run(run())
     finally:
         stop_processes([p for p, _ in procs])
-    assert tokens == _greedy(target_model, prompt, 48)
+    if params.greedy:
+        assert tokens == _greedy(target_model, prompt, 48)
+    else:
+        assert len(tokens) == 48 and metrics.dropped_blocks._value.get() == dropped + 1
+        assert s.stats.per_cycle[3].gamma == 0, "the cycle after the kill verifies no block"
     assert len({address for kind, address in s.used if kind == "target"}) == 2
     assert sum(c.gamma for c in s.stats.per_cycle[4:]) > 0, "the surviving verifier should draft on"
 

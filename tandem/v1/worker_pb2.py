@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import sampling_pb2 as tandem_dot_v1_dot_sampling__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\xa4\x03\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x12\x13\n\x0btree_widths\x18\x07 \x03(\r\x12\x14\n\x0cwriter_epoch\x18\x08 \x01(\x04\x12\r\n\x05\x61head\x18\t \x01(\x08\x12&\n\ttree_rule\x18\n \x01(\x0e\x32\x13.tandem.v1.TreeRule\x12\x15\n\rahead_guesses\x18\x0b \x01(\r\x12\x13\n\x0b\x61head_block\x18\x0c \x01(\r\x12\x18\n\x10\x61head_rejections\x18\r \x01(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfa\x01\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x15\n\rdraft_parents\x18\x07 \x03(\x05\x12\x15\n\rdraft_anchors\x18\x08 \x03(\r\"\xee\x03\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x12-\n\x0cverification\x18\x08 \x01(\x0e\x32\x17.tandem.v1.Verification\x12\x15\n\rdraft_parents\x18\t \x03(\x05\x12\x14\n\x0cwriter_epoch\x18\n \x01(\x04\x12\x12\n\nnext_gamma\x18\x0b \x01(\r\x12\x18\n\x10next_tree_widths\x18\x0c \x03(\r\x12&\n\ttree_rule\x18\r \x01(\x0e\x32\x13.tandem.v1.TreeRule\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xee\x02\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x1a\n\x12\x62lock_accept_probs\x18\x07 \x03(\x02\x12\x19\n\x11tree_accept_probs\x18\x08 \x03(\x02\x12\x1d\n\x15tree_recovered_tokens\x18\t \x03(\x05\x12\x11\n\tkept_path\x18\n \x03(\x05\x12.\n\nnext_block\x18\x0b \x01(\x0b\x32\x1a.tandem.v1.ProposeResponse\x12\x15\n\rnext_accepted\x18\x0c \x01(\r\x12\x12\n\nnext_token\x18\r \x01(\x05\"*\n\tRowStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\">\n\x13ProposeBatchRequest\x12\'\n\x04rows\x18\x01 \x03(\x0b\x32\x19.tandem.v1.ProposeRequest\";\n\x14ProposeBatchResponse\x12#\n\x04rows\x18\x01 \x03(\x0b\x32\x15.tandem.v1.ProposeRow\"`\n\nProposeRow\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.tandem.v1.RowStatus\x12,\n\x08response\x18\x02 \x01(\x0b\x32\x1a.tandem.v1.ProposeResponse\"<\n\x12VerifyBatchRequest\x12&\n\x04rows\x18\x01 \x03(\x0b\x32\x18.tandem.v1.VerifyRequest\"9\n\x13VerifyBatchResponse\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.tandem.v1.VerifyRow\"^\n\tVerifyRow\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.tandem.v1.RowStatus\x12+\n\x08response\x18\x02 \x01(\x0b\x32\x19.tandem.v1.VerifyResponse\"s\n\x08\x42\x61tching\x12\x0e\n\x06passes\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63ost_ms\x18\x05 \x01(\x01\x12\x13\n\x0bhandling_ms\x18\x06 \x01(\x01\":\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\xee\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\x12\x19\n\x11max_request_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12max_response_bytes\x18\t \x01(\x04\x12\x0f\n\x07\x64rafter\x18\n \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x0b \x01(\t\"\r\n\x0bLoadRequest\"F\n\nWorkerLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xfe\x03\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12O\n\x0cProposeBatch\x12\x1e.tandem.v1.ProposeBatchRequest\x1a\x1f.tandem.v1.ProposeBatchResponse\x12Y\n\x12ProposeBatchStream\x12\x1e.tandem.v1.ProposeBatchRequest\x1a\x1f.tandem.v1.ProposeBatchResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoad2\xf5\x03\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12L\n\x0bVerifyBatch\x12\x1d.tandem.v1.VerifyBatchRequest\x1a\x1e.tandem.v1.VerifyBatchResponse\x12V\n\x11VerifyBatchStream\x12\x1d.tandem.v1.VerifyBatchRequest\x1a\x1e.tandem.v1.VerifyBatchResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoadb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/worker.proto\x12\ttandem.v1\x1a\x18tandem/v1/sampling.proto\"\xa4\x03\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\r\n\x05gamma\x18\x04 \x01(\r\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x42\n\rtrace_context\x18\x06 \x03(\x0b\x32+.tandem.v1.ProposeRequest.TraceContextEntry\x12\x13\n\x0btree_widths\x18\x07 \x03(\r\x12\x14\n\x0cwriter_epoch\x18\x08 \x01(\x04\x12\r\n\x05\x61head\x18\t \x01(\x08\x12&\n\ttree_rule\x18\n \x01(\x0e\x32\x13.tandem.v1.TreeRule\x12\x15\n\rahead_guesses\x18\x0b \x01(\r\x12\x13\n\x0b\x61head_block\x18\x0c \x01(\r\x12\x18\n\x10\x61head_rejections\x18\r \x01(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x02\n\x0fProposeResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x03(\x05\x12\x19\n\x11\x64raft_token_probs\x18\x03 \x03(\x02\x12\x39\n\x13\x64raft_distributions\x18\x04 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x15\n\rdraft_parents\x18\x07 \x03(\x05\x12\x15\n\rdraft_anchors\x18\x08 \x03(\r\x12\x1a\n\x12\x64istributions_kept\x18\t \x01(\x08\"\xab\x04\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tcache_len\x18\x02 \x01(\r\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x03(\x05\x12\x39\n\x13\x64raft_distributions\x18\x05 \x03(\x0b\x32\x1c.tandem.v1.DraftDistribution\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x41\n\rtrace_context\x18\x07 \x03(\x0b\x32*.tandem.v1.VerifyRequest.TraceContextEntry\x12-\n\x0cverification\x18\x08 \x01(\x0e\x32\x17.tandem.v1.Verification\x12\x15\n\rdraft_parents\x18\t \x03(\x05\x12\x14\n\x0cwriter_epoch\x18\n \x01(\x04\x12\x12\n\nnext_gamma\x18\x0b \x01(\r\x12\x18\n\x10next_tree_widths\x18\x0c \x03(\r\x12&\n\ttree_rule\x18\r \x01(\x0e\x32\x13.tandem.v1.TreeRule\x12\x1f\n\x17keep_next_distributions\x18\x0e \x01(\x08\x12\x1a\n\x12held_distributions\x18\x0f \x01(\x08\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x85\x03\n\x0eVerifyResponse\x12\x12\n\ncache_miss\x18\x01 \x01(\x08\x12\x1a\n\x12target_token_probs\x18\x02 \x03(\x02\x12\x18\n\x10recovered_tokens\x18\x03 \x03(\x05\x12\x13\n\x0b\x62onus_token\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12%\n\x08\x62\x61tching\x18\x06 \x01(\x0b\x32\x13.tandem.v1.Batching\x12\x1a\n\x12\x62lock_accept_probs\x18\x07 \x03(\x02\x12\x19\n\x11tree_accept_probs\x18\x08 \x03(\x02\x12\x1d\n\x15tree_recovered_tokens\x18\t \x03(\x05\x12\x11\n\tkept_path\x18\n \x03(\x05\x12.\n\nnext_block\x18\x0b \x01(\x0b\x32\x1a.tandem.v1.ProposeResponse\x12\x15\n\rnext_accepted\x18\x0c \x01(\r\x12\x12\n\nnext_token\x18\r \x01(\x05\x12\x15\n\rdropped_block\x18\x0e \x01(\x08\"*\n\tRowStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\">\n\x13ProposeBatchRequest\x12\'\n\x04rows\x18\x01 \x03(\x0b\x32\x19.tandem.v1.ProposeRequest\";\n\x14ProposeBatchResponse\x12#\n\x04rows\x18\x01 \x03(\x0b\x32\x15.tandem.v1.ProposeRow\"`\n\nProposeRow\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.tandem.v1.RowStatus\x12,\n\x08response\x18\x02 \x01(\x0b\x32\x1a.tandem.v1.ProposeResponse\"<\n\x12VerifyBatchRequest\x12&\n\x04rows\x18\x01 \x03(\x0b\x32\x18.tandem.v1.VerifyRequest\"9\n\x13VerifyBatchResponse\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.tandem.v1.VerifyRow\"^\n\tVerifyRow\x12$\n\x06status\x18\x01 \x01(\x0b\x32\x14.tandem.v1.RowStatus\x12+\n\x08response\x18\x02 \x01(\x0b\x32\x19.tandem.v1.VerifyResponse\"s\n\x08\x42\x61tching\x12\x0e\n\x06passes\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x10\n\x08sessions\x18\x03 \x01(\r\x12\x0f\n\x07wait_ms\x18\x04 \x01(\x01\x12\x0f\n\x07\x63ost_ms\x18\x05 \x01(\x01\x12\x13\n\x0bhandling_ms\x18\x06 \x01(\x01\":\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0cwriter_epoch\x18\x02 \x01(\x04\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"\xee\x01\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x16\n\x0enum_parameters\x18\x07 \x01(\x04\x12\x19\n\x11max_request_bytes\x18\x08 \x01(\x04\x12\x1a\n\x12max_response_bytes\x18\t \x01(\x04\x12\x0f\n\x07\x64rafter\x18\n \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x0b \x01(\t\"\r\n\x0bLoadRequest\"F\n\nWorkerLoad\x12\x10\n\x08sessions\x18\x01 \x01(\r\x12\x16\n\x0ekv_cache_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06queued\x18\x03 \x01(\r2\xfe\x03\n\x0b\x44raftWorker\x12@\n\x07Propose\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse\x12J\n\rProposeStream\x12\x19.tandem.v1.ProposeRequest\x1a\x1a.tandem.v1.ProposeResponse(\x01\x30\x01\x12O\n\x0cProposeBatch\x12\x1e.tandem.v1.ProposeBatchRequest\x1a\x1f.tandem.v1.ProposeBatchResponse\x12Y\n\x12ProposeBatchStream\x12\x1e.tandem.v1.ProposeBatchRequest\x1a\x1f.tandem.v1.ProposeBatchResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoad2\xf5\x03\n\x0eTargetVerifier\x12=\n\x06Verify\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse\x12G\n\x0cVerifyStream\x12\x18.tandem.v1.VerifyRequest\x1a\x19.tandem.v1.VerifyResponse(\x01\x30\x01\x12L\n\x0bVerifyBatch\x12\x1d.tandem.v1.VerifyBatchRequest\x1a\x1e.tandem.v1.VerifyBatchResponse\x12V\n\x11VerifyBatchStream\x12\x1d.tandem.v1.VerifyBatchRequest\x1a\x1e.tandem.v1.VerifyBatchResponse(\x01\x30\x01\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12<\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x14.tandem.v1.ModelInfo\x12\x35\n\x04Load\x12\x16.tandem.v1.LoadRequest\x1a\x15.tandem.v1.WorkerLoadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,43 +41,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_start=433
   _globals['_PROPOSEREQUEST_TRACECONTEXTENTRY']._serialized_end=484
   _globals['_PROPOSERESPONSE']._serialized_start=487
-  _globals['_PROPOSERESPONSE']._serialized_end=737
-  _globals['_VERIFYREQUEST']._serialized_start=740
-  _globals['_VERIFYREQUEST']._serialized_end=1234
+  _globals['_PROPOSERESPONSE']._serialized_end=765
+  _globals['_VERIFYREQUEST']._serialized_start=768
+  _globals['_VERIFYREQUEST']._serialized_end=1323
   _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=433
   _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=484
-  _globals['_VERIFYRESPONSE']._serialized_start=1237
-  _globals['_VERIFYRESPONSE']._serialized_end=1603
-  _globals['_ROWSTATUS']._serialized_start=1605
-  _globals['_ROWSTATUS']._serialized_end=1647
-  _globals['_PROPOSEBATCHREQUEST']._serialized_start=1649
-  _globals['_PROPOSEBATCHREQUEST']._serialized_end=1711
-  _globals['_PROPOSEBATCHRESPONSE']._serialized_start=1713
-  _globals['_PROPOSEBATCHRESPONSE']._serialized_end=1772
-  _globals['_PROPOSEROW']._serialized_start=1774
-  _globals['_PROPOSEROW']._serialized_end=1870
-  _globals['_VERIFYBATCHREQUEST']._serialized_start=1872
-  _globals['_VERIFYBATCHREQUEST']._serialized_end=1932
-  _globals['_VERIFYBATCHRESPONSE']._serialized_start=1934
-  _globals['_VERIFYBATCHRESPONSE']._serialized_end=1991
-  _globals['_VERIFYROW']._serialized_start=1993
-  _globals['_VERIFYROW']._serialized_end=2087
-  _globals['_BATCHING']._serialized_start=2089
-  _globals['_BATCHING']._serialized_end=2204
-  _globals['_RELEASEREQUEST']._serialized_start=2206
-  _globals['_RELEASEREQUEST']._serialized_end=2264
-  _globals['_RELEASERESPONSE']._serialized_start=2266
-  _globals['_RELEASERESPONSE']._serialized_end=2301
-  _globals['_DESCRIBEREQUEST']._serialized_start=2303
-  _globals['_DESCRIBEREQUEST']._serialized_end=2320
-  _globals['_MODELINFO']._serialized_start=2323
-  _globals['_MODELINFO']._serialized_end=2561
-  _globals['_LOADREQUEST']._serialized_start=2563
-  _globals['_LOADREQUEST']._serialized_end=2576
-  _globals['_WORKERLOAD']._serialized_start=2578
-  _globals['_WORKERLOAD']._serialized_end=2648
-  _globals['_DRAFTWORKER']._serialized_start=2651
-  _globals['_DRAFTWORKER']._serialized_end=3161
-  _globals['_TARGETVERIFIER']._serialized_start=3164
-  _globals['_TARGETVERIFIER']._serialized_end=3665
+  _globals['_VERIFYRESPONSE']._serialized_start=1326
+  _globals['_VERIFYRESPONSE']._serialized_end=1715
+  _globals['_ROWSTATUS']._serialized_start=1717
+  _globals['_ROWSTATUS']._serialized_end=1759
+  _globals['_PROPOSEBATCHREQUEST']._serialized_start=1761
+  _globals['_PROPOSEBATCHREQUEST']._serialized_end=1823
+  _globals['_PROPOSEBATCHRESPONSE']._serialized_start=1825
+  _globals['_PROPOSEBATCHRESPONSE']._serialized_end=1884
+  _globals['_PROPOSEROW']._serialized_start=1886
+  _globals['_PROPOSEROW']._serialized_end=1982
+  _globals['_VERIFYBATCHREQUEST']._serialized_start=1984
+  _globals['_VERIFYBATCHREQUEST']._serialized_end=2044
+  _globals['_VERIFYBATCHRESPONSE']._serialized_start=2046
+  _globals['_VERIFYBATCHRESPONSE']._serialized_end=2103
+  _globals['_VERIFYROW']._serialized_start=2105
+  _globals['_VERIFYROW']._serialized_end=2199
+  _globals['_BATCHING']._serialized_start=2201
+  _globals['_BATCHING']._serialized_end=2316
+  _globals['_RELEASEREQUEST']._serialized_start=2318
+  _globals['_RELEASEREQUEST']._serialized_end=2376
+  _globals['_RELEASERESPONSE']._serialized_start=2378
+  _globals['_RELEASERESPONSE']._serialized_end=2413
+  _globals['_DESCRIBEREQUEST']._serialized_start=2415
+  _globals['_DESCRIBEREQUEST']._serialized_end=2432
+  _globals['_MODELINFO']._serialized_start=2435
+  _globals['_MODELINFO']._serialized_end=2673
+  _globals['_LOADREQUEST']._serialized_start=2675
+  _globals['_LOADREQUEST']._serialized_end=2688
+  _globals['_WORKERLOAD']._serialized_start=2690
+  _globals['_WORKERLOAD']._serialized_end=2760
+  _globals['_DRAFTWORKER']._serialized_start=2763
+  _globals['_DRAFTWORKER']._serialized_end=3273
+  _globals['_TARGETVERIFIER']._serialized_start=3276
+  _globals['_TARGETVERIFIER']._serialized_end=3777
 # @@protoc_insertion_point(module_scope)

@@ -45,7 +45,7 @@ class ProposeRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., gamma: _Optional[int] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., tree_widths: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., ahead: _Optional[bool] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ..., ahead_guesses: _Optional[int] = ..., ahead_block: _Optional[int] = ..., ahead_rejections: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching", "draft_parents", "draft_anchors")
+    __slots__ = ("cache_miss", "draft_tokens", "draft_token_probs", "draft_distributions", "compute_ms", "batching", "draft_parents", "draft_anchors", "distributions_kept")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class ProposeResponse(_message.Message):
     BATCHING_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_ANCHORS_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTIONS_KEPT_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     draft_token_probs: _containers.RepeatedScalarFieldContainer[float]
@@ -62,10 +63,11 @@ class ProposeResponse(_message.Message):
     batching: Batching
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     draft_anchors: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_anchors: _Optional[_Iterable[int]] = ...) -> None: ...
+    distributions_kept: bool
+    def __init__(self, cache_miss: _Optional[bool] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_token_probs: _Optional[_Iterable[float]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_anchors: _Optional[_Iterable[int]] = ..., distributions_kept: _Optional[bool] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch", "next_gamma", "next_tree_widths", "tree_rule")
+    __slots__ = ("session_id", "cache_len", "tokens", "draft_tokens", "draft_distributions", "sampling", "trace_context", "verification", "draft_parents", "writer_epoch", "next_gamma", "next_tree_widths", "tree_rule", "keep_next_distributions", "held_distributions")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +88,8 @@ class VerifyRequest(_message.Message):
     NEXT_GAMMA_FIELD_NUMBER: _ClassVar[int]
     NEXT_TREE_WIDTHS_FIELD_NUMBER: _ClassVar[int]
     TREE_RULE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_NEXT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    HELD_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cache_len: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -99,10 +103,12 @@ class VerifyRequest(_message.Message):
     next_gamma: int
     next_tree_widths: _containers.RepeatedScalarFieldContainer[int]
     tree_rule: _sampling_pb2.TreeRule
-    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., next_gamma: _Optional[int] = ..., next_tree_widths: _Optional[_Iterable[int]] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ...) -> None: ...
+    keep_next_distributions: bool
+    held_distributions: bool
+    def __init__(self, session_id: _Optional[str] = ..., cache_len: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., draft_tokens: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_sampling_pb2.DraftDistribution, _Mapping]]] = ..., sampling: _Optional[_Union[_sampling_pb2.SamplingParams, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., verification: _Optional[_Union[_sampling_pb2.Verification, str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., writer_epoch: _Optional[int] = ..., next_gamma: _Optional[int] = ..., next_tree_widths: _Optional[_Iterable[int]] = ..., tree_rule: _Optional[_Union[_sampling_pb2.TreeRule, str]] = ..., keep_next_distributions: _Optional[bool] = ..., held_distributions: _Optional[bool] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching", "block_accept_probs", "tree_accept_probs", "tree_recovered_tokens", "kept_path", "next_block", "next_accepted", "next_token")
+    __slots__ = ("cache_miss", "target_token_probs", "recovered_tokens", "bonus_token", "compute_ms", "batching", "block_accept_probs", "tree_accept_probs", "tree_recovered_tokens", "kept_path", "next_block", "next_accepted", "next_token", "dropped_block")
     CACHE_MISS_FIELD_NUMBER: _ClassVar[int]
     TARGET_TOKEN_PROBS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +122,7 @@ class VerifyResponse(_message.Message):
     NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
     NEXT_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NEXT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BLOCK_FIELD_NUMBER: _ClassVar[int]
     cache_miss: bool
     target_token_probs: _containers.RepeatedScalarFieldContainer[float]
     recovered_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -129,7 +136,8 @@ class VerifyResponse(_message.Message):
     next_block: ProposeResponse
     next_accepted: int
     next_token: int
-    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ..., tree_accept_probs: _Optional[_Iterable[float]] = ..., tree_recovered_tokens: _Optional[_Iterable[int]] = ..., kept_path: _Optional[_Iterable[int]] = ..., next_block: _Optional[_Union[ProposeResponse, _Mapping]] = ..., next_accepted: _Optional[int] = ..., next_token: _Optional[int] = ...) -> None: ...
+    dropped_block: bool
+    def __init__(self, cache_miss: _Optional[bool] = ..., target_token_probs: _Optional[_Iterable[float]] = ..., recovered_tokens: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., compute_ms: _Optional[float] = ..., batching: _Optional[_Union[Batching, _Mapping]] = ..., block_accept_probs: _Optional[_Iterable[float]] = ..., tree_accept_probs: _Optional[_Iterable[float]] = ..., tree_recovered_tokens: _Optional[_Iterable[int]] = ..., kept_path: _Optional[_Iterable[int]] = ..., next_block: _Optional[_Union[ProposeResponse, _Mapping]] = ..., next_accepted: _Optional[int] = ..., next_token: _Optional[int] = ..., dropped_block: _Optional[bool] = ...) -> None: ...
 
 class RowStatus(_message.Message):
     __slots__ = ("code", "message")

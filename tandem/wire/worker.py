@@ -65,6 +65,9 @@ class Proposal:
     # Drafted ahead past rejections: per child of the root, the block's tokens before its guess
     # (ProposeResponse.draft_anchors); empty: every child of the root guesses the bonus token.
     anchors: list[int] = field(default_factory=list)
+    # Its distributions are kept by the verifier that drafted it, not carried
+    # (ProposeResponse.distributions_kept; VerifyRequest.held_distributions).
+    held: bool = False
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Verification:
     next_block: Proposal | None = None
     next_accepted: int = 0
     next_token: int = 0
+    dropped_block: bool = False  # a held block the verifier no longer kept: it verified none
 
 
 def _batching_to_pb(b: Batching) -> worker_pb2.Batching:
@@ -120,6 +124,7 @@ def propose_response(proposal: Proposal | None) -> worker_pb2.ProposeResponse:
         batching=_batching_to_pb(proposal.batching),
         draft_parents=proposal.parents,
         draft_anchors=proposal.anchors,
+        distributions_kept=proposal.held,
     )
 
 
@@ -129,12 +134,14 @@ def proposal_from_pb(msg: worker_pb2.ProposeResponse) -> Proposal | None:
     return Proposal(
         list(msg.draft_tokens), list(msg.draft_token_probs), list(msg.draft_distributions),
         msg.compute_ms, _batching_from_pb(msg.batching), list(msg.draft_parents), list(msg.draft_anchors),
+        msg.distributions_kept,
     )
 
 
 def verify_request(
     session_id, cache_len, tokens, proposal: Proposal | None, params, trace_context=None, verification: str = "token",
     writer_epoch: int = 0, next_gamma: int = 0, next_tree_widths: tuple[int, ...] = (), tree_rule: str = "",
+    keep_next_distributions: bool = False,
 ) -> worker_pb2.VerifyRequest:
     return worker_pb2.VerifyRequest(
         session_id=session_id, cache_len=cache_len, tokens=tokens,
@@ -144,7 +151,8 @@ def verify_request(
         verification=VERIFICATION.to_pb(verification),
         draft_parents=proposal.parents if proposal else [],
         writer_epoch=writer_epoch, next_gamma=next_gamma, next_tree_widths=next_tree_widths,
-        tree_rule=TREE_RULE.to_pb(tree_rule),
+        tree_rule=TREE_RULE.to_pb(tree_rule), keep_next_distributions=keep_next_distributions,
+        held_distributions=bool(proposal and proposal.held),
     )
 
 
@@ -163,6 +171,7 @@ def verify_response(verification: Verification | None) -> worker_pb2.VerifyRespo
         kept_path=verification.kept_path,
         next_block=propose_response(verification.next_block) if verification.next_block else None,
         next_accepted=verification.next_accepted, next_token=verification.next_token,
+        dropped_block=verification.dropped_block,
     )
 
 
@@ -174,6 +183,7 @@ def verification_from_pb(msg: worker_pb2.VerifyResponse) -> Verification | None:
         _batching_from_pb(msg.batching), list(msg.block_accept_probs), list(msg.tree_accept_probs),
         list(msg.tree_recovered_tokens), list(msg.kept_path),
         proposal_from_pb(msg.next_block) if msg.HasField("next_block") else None, msg.next_accepted, msg.next_token,
+        msg.dropped_block,
     )
 
 
