@@ -19,7 +19,8 @@ sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos
 stream is max_tokens long, --repeats times in a new order and with new sampling seeds each round;
 a point's tokens/s per mode is its median run, adaptive's ratio to the best fixed γ is also paired
 round by round (with its 95 % interval), and it times both models' passes before and after its
-points. Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own
+points. `--control` runs γ = 0 twice a round, the second apart from the modes: its ratio to the
+first, paired the same way, is what the bed's noise alone moves a ratio by at that point. Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own
 host (hybrid, the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its
 blocks cross only the verifier's link). `drafters` puts several drafters' sweeps side by side.
 `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the bed's processes sharing
@@ -128,7 +129,9 @@ def sweep(args) -> None:
     levels = [int(n) for n in args.in_flight.split(",")]
     points = [(d, w, n) for d in delays for w in args.workloads.split(",") for n in levels]
     rng = random.Random(args.seed)
-    rows = []
+    rows, controls = [], []
+    # The control (--control): γ = 0 a second time each round, kept apart from the modes.
+    rounds = [*modes, *([CONTROL] if args.control else [])]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     # The passes timed on this machine as it is now, the bed idle: calibrate's costs. Timed again
     # after the points, for the drift (a pass here can take 25 % more or less an hour later).
@@ -143,7 +146,8 @@ def sweep(args) -> None:
             # The same prompts at every delay and workload: points differ only in what they vary.
             batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
             # Every mode once per round, in a new order each round: drift spreads over all modes.
-            for repeat, mode in ((r, m) for r in range(args.repeats) for m in rng.sample(modes, len(modes))):
+            for repeat, run in ((r, m) for r in range(args.repeats) for m in rng.sample(rounds, len(rounds))):
+                mode = cluster_mode(0) if run == CONTROL else run
                 busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                              round_seed(args.seed, repeat), ignore_eos=True)
@@ -157,16 +161,21 @@ def sweep(args) -> None:
                 # tokens/s by more than the policy's goal.
                 row["sessions_per_pass"] = {name: (sessions - passes[name][0]) / max(count - passes[name][1], 1.0)
                                             for name, (sessions, count) in cluster.passes().items()}
-                rows.append({"drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
-                             "workload": workload, "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
+                (controls if run == CONTROL else rows).append({
+                    "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload,
+                    "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
             best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])
             print(f"[{i + 1}/{len(points)}, {time.time() - start:.0f} s] delay {delay:g} ms, {workload}, "
                   f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
                   + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ {adaptive['mean_gamma'] or 0:.2f})"
                      if adaptive else ""), flush=True)
-            write(rows, args, timings)
+            write(rows, args, timings, controls)
         timings.append(time_passes(draft, target, prompt, args.pass_repetitions))
-        write(rows, args, timings)
+        write(rows, args, timings, controls)
+
+
+# The control run's name in a round (--control): γ = 0 again, the same requests and tokens.
+CONTROL = "control"
 
 
 def round_seed(seed: int, repeat: int) -> int:
@@ -584,22 +593,31 @@ def _paired(group: list[dict], mode: str, against: str, by: str = "mode") -> tup
     return float(np.exp(logs.mean())), float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
 
 
-def write(rows: list[dict], args, timings: list[dict]) -> None:
+def _interval(paired: tuple[float, float, float]) -> str:
+    """A paired ratio and its interval, as the tables print them ("–" where not run)."""
+    return "–" if np.isnan(paired[0]) else f"{paired[0]:.2f} ({paired[1]:.2f}–{paired[2]:.2f})"
+
+
+def write(rows: list[dict], args, timings: list[dict], controls: list[dict] = ()) -> None:
+    """sweep.json (the runs; the control's apart, under "controls"), sweep.md and sweep.png."""
     out = Path(args.out)
     (out / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "host_cores": os.cpu_count(),
-                                                "pass_ms": timings, "rows": rows}, indent=1))
+                                                "pass_ms": timings, "rows": rows, "controls": list(controls)},
+                                               indent=1))
     lines = ["| delay (ms) | workload | in flight | best fixed γ | its tokens/s | adaptive tokens/s | adaptive / best "
-             "| paired per round (95 % CI) | adaptive mean γ | γ = 0 tokens/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| paired per round (95 % CI) | adaptive mean γ | γ = 0 tokens/s | control: γ = 0 twice (95 % CI) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted({_key(r) for r in rows}):
         group = [r for r in rows if _key(r) == key]
         best, adaptive, zero = _point(group)
         a = adaptive["aggregate_tokens_per_s"] if adaptive else float("nan")
         paired = _paired(group, "adaptive", best["mode"]) if adaptive else (float("nan"),) * 3
+        control = _paired([*group, *({**c, "mode": CONTROL} for c in controls if _key(c) == key)], CONTROL,
+                          cluster_mode(0))
         lines.append(f"| {key[0]:g} | {key[1]} | {key[2]} | {best['mode']} | {best['aggregate_tokens_per_s']:.1f} | "
-                     f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | "
-                     f"{paired[0]:.2f} ({paired[1]:.2f}–{paired[2]:.2f}) | "
+                     f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | {_interval(paired)} | "
                      f"{(adaptive or {}).get('mean_gamma') or 0:.2f} | "
-                     f"{zero['aggregate_tokens_per_s'] if zero else float('nan'):.1f} |")
+                     f"{zero['aggregate_tokens_per_s'] if zero else float('nan'):.1f} | {_interval(control)} |")
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
     plot(rows, out / "sweep.png")
 
@@ -628,7 +646,7 @@ def plot(rows: list[dict], path: Path) -> None:
 # has what calibrate's costs need (γ = 0 and two fixed γ ≥ 1, alone, at delay 0), and one delay
 # through the proxies beside it.
 SMOKE = (["sweep", "--delays", "0,1", "--gammas", "0-2,auto", "--workloads", "greedy", "--in-flight", "1",
-          "--sessions", "2", "--max-tokens", "8", "--repeats", "1", "--pass-repetitions", "2"],
+          "--sessions", "2", "--max-tokens", "8", "--repeats", "1", "--pass-repetitions", "2", "--control"],
          ["calibrate"],
          ["drafters", "--sweeps", "{out}"],
          ["runahead", "--settings", "off,2+2", "--delays", "1", "--workloads", "greedy", "--sessions", "1",
@@ -688,6 +706,9 @@ def main() -> None:
     p_sweep.add_argument("--pass-repetitions", type=int, default=15,
                          help="timings of each pass size, before and after the points (the median is kept)")
     p_sweep.add_argument("--seed", type=int, default=0)
+    p_sweep.add_argument("--control", action="store_true",
+                         help="run γ = 0 a second time each round: the bed's own noise at each point, paired as "
+                              "adaptive is (an A/A; kept apart from the modes)")
     p_sweep.add_argument("--out", help="where sweep.{json,md,png} go")
     p_sweep.set_defaults(func=sweep)
     p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead off or for "
