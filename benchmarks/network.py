@@ -20,9 +20,10 @@ stream is max_tokens long, --repeats times in a new order and with new sampling 
 a point's tokens/s per mode is its median run, adaptive's ratio to the best fixed γ is also paired
 round by round (with its 95 % interval), and it times both models' passes before and after its
 points. `--control` runs γ = 0 twice a round, the second apart from the modes: its ratio to the
-first, paired the same way, is what the bed's noise alone moves a ratio by at that point. Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own
-host (hybrid, the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its
-blocks cross only the verifier's link). `drafters` puts several drafters' sweeps side by side.
+first, paired the same way, is what the bed's noise alone moves a ratio by at that point. Needs
+root (network namespaces). `--drafter` picks who drafts: a draft worker on its own host (hybrid,
+the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its blocks cross
+only the verifier's link). `drafters` puts several drafters' sweeps side by side.
 `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the bed's processes sharing
 the host's cores, from costs measured apart from it (`_costs`). `runahead` measures a lone
 session's tokens/s against the delay with drafting ahead off and for guesses of the bonus token

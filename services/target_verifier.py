@@ -198,8 +198,9 @@ def _keeping(runtime: ModelRuntime, session_id: str, position: int):
 def _distributions(request, kept: KeptBlock | None, rows: int) -> tuple[list, bool]:
     """The block's draft distributions → (their messages, whether the block is dropped): the
     request's, or with held_distributions the first `rows` of the block this verifier kept at
-    the block's position (`kept`), where it kept that block; where not (it lost the session's cache, moved past the block, or
-    another verifier drafted it), the block is dropped: verified as no block."""
+    the block's position (`kept`), where it kept that block; where not (it lost the session's
+    cache, moved past the block, or another verifier drafted it), the block is dropped: verified
+    as no block."""
     if not request.held_distributions:
         return list(request.draft_distributions), False
     if request.draft_distributions:
