@@ -259,7 +259,7 @@ class SpeculativeLoop:
             costs.guessed = block is not None
         elif ahead_reply and accepted in ahead_reply.answer.anchors:  # … of the recovered token
             costs.recovered = block is not None
-        s.policy.observe(costs, len(new))
+        s.policy.observe(costs, len(new), ahead=self._ahead())
         following = None if s.finish_reason else self._launch(s, parent, block, holds_block=not laid_out)
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),

@@ -24,14 +24,16 @@ session's evidence fades per cycle, drafted or not: the text moves on while γ =
 α drifts back to the replica's.
 
 γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one cycle drafts
-anyway, so a stale α can recover. A probe that accepts nothing doubles the session's wait for
-the next one (up to MAX_PROBE_GAP cycles): on text the draft cannot follow, probes cost what they
-cannot win back. A drafting cycle that accepts a token brings the wait back to `probe_every`. A
-draft call answered with no block (an n-gram lookup without a match) is a block rejected at its
-first token (tandem.orchestrator.cycle): taught as a γ-0 cycle, it left the wait as it was, and
-every cycle after the first probe drafted in vain. Sessions that share passes probe together
-(Cohorts, below). α
-is learned along the accepted path, whatever the draft's shape (a token tree's is a path γ deep).
+anyway, so a stale α can recover. A probe after which γ = 0 still wins doubles the session's wait
+for the next one (up to MAX_PROBE_GAP cycles): where drafting does not pay, probes cost what they
+cannot win back. A probe after which drafting wins brings the wait back to `probe_every`. It was
+"accepted a token" once: at T = 1 nearly every probe does, and cohorts probed every 8 cycles at the
+verifier's head, where drafting did not pay: with the choice held at γ = 0 (probes only), 0.91×
+γ = 0's tokens/s then, 1.01× now. A draft call answered with no block (an n-gram lookup without
+a match) is a block rejected at its first token (tandem.orchestrator.cycle): taught as a γ-0
+cycle, it left the wait as it was, and every cycle after the first probe drafted in vain.
+Sessions that share passes probe together (Cohorts, below). α is learned along the accepted
+path, whatever the draft's shape (a token tree's is a path γ deep).
 
 Drafting ahead (tandem.orchestrator.cycle: alone, the draft worker drafts the next block while the
 target verifies this one) saves the next cycle's draft call when the verify ends as one of its
@@ -115,6 +117,7 @@ drafted token, a probe's catch-up made drafting look dear and kept sessions at �
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import accumulate
 
 from tandem.math.acceptance import verified_tokens
@@ -287,8 +290,8 @@ class CohortProbes:
     docstring, Cohorts). A probe is due `gap` of the replica's cycles after its last drafting
     cycle, counted in time (the replica's steady cycles' mean wall time) so that it starts with a
     turn of the event loop, whose sessions all choose then, rather than inside one; it stays due
-    until a drafting cycle comes back, the first of which sets the gap: probe_every again when it
-    accepted a token, doubled (at most MAX_PROBE_GAP) when it accepted none. Steady cycles only:
+    until a drafting cycle comes back, the first of which sets the gap: probe_every again when
+    drafting wins after it, doubled (at most MAX_PROBE_GAP) when γ = 0 still does. Steady cycles only:
     a probe whose draft catches up on a long γ-0 streak, or a cycle that prefills, lasts many
     cycles, and timing the gap by it would push the next probe out in proportion (seconds at a
     gap of 64)."""
@@ -306,12 +309,12 @@ class CohortProbes:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
         self.cycle_ms = _ewma(self.cycle_ms, wall_ms, self.decay)
 
-    def drafted(self, accepted: int, cycle_ms: float, every: int) -> None:
+    def drafted(self, wins: Callable[[], bool], cycle_ms: float, every: int) -> None:
         """A drafting cycle of any session came back, after `cycle_ms` (the gap's cycle until a
-        steady one has been seen), accepting `accepted`."""
+        steady one has been seen); wins(): whether drafting wins now, with what it taught."""
         now = self.clock()
         if now >= self.due_at:  # the first outcome of a due probe (or of drafting after a pause)
-            self.gap = 0 if accepted else min(2 * (self.gap or every), MAX_PROBE_GAP)
+            self.gap = 0 if wins() else min(2 * (self.gap or every), MAX_PROBE_GAP)
         per_cycle = self.cycle_ms if self.cycle_ms >= 0 else cycle_ms
         self.due_at = now + (self.gap or every) * per_cycle / 1e3
 
@@ -349,9 +352,9 @@ class GammaPolicy:
 
     @property
     def pair_alpha(self) -> float:
-        """The replica's acceptance estimate."""
+        """The replica's acceptance estimate (below 1, as a session's: survival divides by 1 − α)."""
         pair = self.pair
-        return (pair.accepted + self.prior_alpha * self.prior_weight) / (pair.verified + self.prior_weight)
+        return min((pair.accepted + self.prior_alpha * self.prior_weight) / (pair.verified + self.prior_weight), 0.999)
 
     @property
     def alpha(self) -> float:
@@ -427,11 +430,10 @@ class GammaPolicy:
             return not tree_wins
         return tree_wins
 
-    def observe(self, c: CycleCosts, output_tokens: int = 0) -> None:
+    def observe(self, c: CycleCosts, output_tokens: int = 0, ahead: bool = False) -> None:
         """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
-        session's estimates and the replica's costs."""
-        if c.gamma:
-            self._observe_probe(c)
+        session's estimates and the replica's costs; ahead: the loop drafts ahead (as for choose)."""
+        probed = bool(c.gamma) and self.zero_streak + 1 >= (self.probe_gap or self.probe_every)
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         # Evidence fades per cycle, drafted or not (the module's docstring).
         verified = verified_tokens(c.accepted, c.gamma) if c.gamma else 0
@@ -439,19 +441,22 @@ class GammaPolicy:
         self.verified = self.decay * self.verified + verified
         if c.draft_fed <= STEADY_DRAFT_FED and c.verify_fed <= STEADY_VERIFY_FED:
             self.probes.cycled(c.wall_ms)
-        if c.gamma:
-            self._observe_shape(c, output_tokens)
-            self.pair.observe(c.accepted, c.gamma, c.guessed, c.recovered)
-            self.probes.drafted(c.accepted, c.wall_ms, self.probe_every)
         self.costs.observe(c)
+        if not c.gamma:
+            return
+        self._observe_shape(c, output_tokens)
+        self.pair.observe(c.accepted, c.gamma, c.guessed, c.recovered)
+        wins = partial(self._drafting_wins, ahead)  # asked of a probe's outcome only: rates cost CPU
+        if probed:
+            self.probe_gap = 0 if wins() else min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
+        self.probes.drafted(wins, c.wall_ms, self.probe_every)
 
-    def _observe_probe(self, c: CycleCosts) -> None:
-        """A drafting cycle: one that accepted a token brings probes back to every probe_every
-        cycles; a probe (after a streak of γ-0 cycles) that accepted none doubles the wait."""
-        if c.accepted:
-            self.probe_gap = 0
-        elif self.zero_streak + 1 >= (self.probe_gap or self.probe_every):
-            self.probe_gap = min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
+    def _drafting_wins(self, ahead: bool) -> bool:
+        """Whether a drafting γ is what choose would pick, as things now stand."""
+        if not self.costs.measured:
+            return True
+        rates = self.rates(self.max_gamma, ahead)
+        return max(rates[1:], default=0.0) > rates[0]
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:

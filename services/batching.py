@@ -6,9 +6,10 @@ step's ask computes from its logits (tandem.services.sampler; the logits themsel
 without one), or has the step's CacheMiss thrown into it, and returns its answer: a verify is one
 step, drafting γ tokens is γ steps. Each round, the model thread takes the jobs waiting for a
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
-long), runs all their steps in one pass (`ModelRuntime.extend_batch`), answers all their asks
-together (`sampler.answer`: one warp, one argmax, one draw per kind for the whole round), and
-hands each job its answer. A step whose session a later writer has stepped meanwhile is not
+long), runs their steps in one pass (`ModelRuntime.extend_batch`; one per kind of step where a
+verifier drafts too: the target's pass and its head's), answers each pass's asks together
+(`sampler.answer`: one warp, one argmax, one draw per kind for the whole pass), and hands each
+job its answer. A step whose session a later writer has stepped meanwhile is not
 run: its job ends with `Superseded` (tandem.services.fencing). The `KeepPath`s the jobs then
 yield (after a token tree's step) are applied together, before any other pass. A job with more
 steps waits for the next round; a job that arrived meanwhile joins it. Nothing waits for a
@@ -167,6 +168,26 @@ class Batcher:
             waiting[:] = [r for r in waiting if not r.future.done()]
         if not batch:
             return
+        tokens = [len(r.step.tokens) for r in batch]
+        ready, elapsed = [], 0.0
+        # One pass per kind of step: the target's, and a verifier's drafting steps (its head's or
+        # its exit layers': tandem.services.head_runtime, self_draft), whose pass is another.
+        kinds: dict[type, list[_Running]] = {}
+        for running in batch:
+            kinds.setdefault(type(running.step), []).append(running)
+        for jobs in kinds.values():  # grouped first: a pass advances its jobs to their next steps
+            advanced, ms = self._pass(jobs, waiting)
+            ready, elapsed = ready + advanced, elapsed + ms
+        # Holds wait for a round, whatever passes it runs (tandem.services.holding).
+        if max(tokens) <= FIT_STEP_TOKENS:
+            self.passes.add(sum(tokens), elapsed / 1e3, PASS_DECAY)
+        waiting += ready  # their next steps join the next round, behind older jobs
+
+    def _pass(self, batch: list[_Running], waiting: list[_Running]) -> tuple[list[_Running], float]:
+        """Run one pass of the round (its steps of one kind), charge it to the jobs in it, and
+        advance them → (those with a step to run, the pass's wall ms). Charged the whole round,
+        a head's step paid the target's pass of the other sessions' verifies and they its pass,
+        and the policy's fits of the two passes' costs mixed both."""
         tokens = sum(len(r.step.tokens) for r in batch)
         start = self._start()
         steps = [r.step for r in batch]
@@ -175,8 +196,6 @@ class Batcher:
         except BaseException as e:  # the pass itself failed: every job in it fails, no other
             results = [e] * len(batch)
         elapsed, cost = self._since(start)
-        if max(len(r.step.tokens) for r in batch) <= FIT_STEP_TOKENS:
-            self.passes.add(tokens, elapsed / 1e3, PASS_DECAY)
         metrics.batch_sessions.observe(len(batch))
         metrics.batch_tokens.observe(tokens)
         advanced = []
@@ -188,8 +207,7 @@ class Batcher:
             waiting.remove(running)
             if self._advance(running, result):
                 advanced.append(running)
-        for running in self._keep_paths(advanced):
-            waiting.append(running)  # its next step joins the next round, behind older jobs
+        return self._keep_paths(advanced), elapsed
 
     @staticmethod
     def _answer(steps: list[Step], results: list) -> list:

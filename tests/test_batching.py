@@ -4,6 +4,8 @@ error leaving the others alone), and batched jobs giving the answers of jobs run
 
 import threading
 import time
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -228,6 +230,38 @@ def test_a_pass_costs_its_cpu_time_not_the_time_it_waited_for_a_core(model_dir):
     answer = batcher.submit(verify("slow", 0, prompt(8, 1), prompt(3, 2), None, GREEDY)).result(TIMEOUT_S)
     assert answer.compute_ms >= 50
     assert 0 < answer.batching.cost_ms < answer.compute_ms - 40
+
+
+@dataclass(frozen=True)
+class _Drafting(Step):
+    """A verifier's drafting step (as its head's or its exit layers' are): a pass of its own."""
+
+
+def test_each_kind_of_step_runs_and_is_charged_in_a_pass_of_its_own(model_dir):
+    """A round that holds the target's steps and a verifier's drafting steps runs two passes, and
+    each job is charged (Batching) the pass it ran in, not the round: charged the round, a head's
+    step paid the target's pass of the other sessions' verifies."""
+    runtime = ModelRuntime(model_dir)
+    passes, extend_batch = [], runtime.extend_batch
+
+    def recording(steps):
+        passes.append([(type(step), step.session_id) for step in steps])
+        return extend_batch(steps)
+
+    def job(kind: type, session_id: str, tokens: int):
+        yield kind(session_id, 0, prompt(tokens, len(session_id)), keep=1)
+        return SimpleNamespace(compute_ms=0.0)  # the batcher fills in its time and passes
+
+    runtime.extend_batch = recording
+    batcher = Batcher(runtime)
+    gate = threading.Event()
+    batcher.submit(gate.wait)  # hold the model thread until all three are queued: one round
+    futures = batcher.submit_all([job(Step, "a", 4), job(_Drafting, "bb", 3), job(Step, "ccc", 5)])
+    gate.set()
+    answers = [future.result(TIMEOUT_S) for future in futures]
+    assert passes == [[(Step, "a"), (Step, "ccc")], [(_Drafting, "bb")]]
+    charged = [(a.batching.passes, a.batching.sessions, a.batching.tokens) for a in answers]
+    assert charged == [(1, 2, 9), (1, 1, 3), (1, 2, 9)]
 
 
 def test_a_round_of_every_kind_of_ask_gives_each_job_its_own_answer(model_dir):

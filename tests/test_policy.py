@@ -187,33 +187,33 @@ def test_probe_after_a_streak_of_zero_cycles():
     assert policy.choose() == 0
 
 
-def test_probes_that_accept_nothing_come_ever_more_rarely_until_one_accepts():
+def test_probes_that_do_not_make_drafting_pay_come_ever_more_rarely_until_one_does():
     """On text the draft cannot follow, each failed probe doubles the wait for the next one (to
-    MAX_PROBE_GAP γ-0 cycles); a probe that accepts a token brings probes back to every probe_every."""
+    MAX_PROBE_GAP γ-0 cycles). A probe fails when γ = 0 still wins after what it taught, even if it
+    accepted a token: at T = 1 nearly every probe does, and resetting the wait on that kept
+    probing every probe_every cycles where drafting never paid. A probe after which drafting wins
+    brings probes back to every probe_every cycles."""
     policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
     policy.zero_streak = 0
-    waits = []
-    for _ in range(6):
+
+    def probe(cycle) -> int:  # γ-0 cycles until a probe is due, then the probe: → the wait
         wait = 0
         while (gamma := policy.choose()) == 0:
             policy.observe(costly_bad_cycle(0))
             wait += 1
-        policy.observe(costly_bad_cycle(gamma))  # the probe accepts nothing
-        waits.append(wait)
-    assert waits == [7, 15, 31, 63, 63, 63]
+        policy.observe(cycle(gamma))
+        return wait
+
+    assert [probe(costly_bad_cycle) for _ in range(6)] == [7, 15, 31, 63, 63, 63]  # the probes accept nothing
     assert policy.to_dict()["probe_gap"] == MAX_PROBE_GAP  # stored with the session
     assert GammaPolicy().for_session(policy.to_dict()).probe_gap == MAX_PROBE_GAP
-    for _ in range(63):
-        policy.observe(costly_bad_cycle(0))
-    gamma = policy.choose()
-    assert gamma > 0
-    policy.observe(replace(costly_bad_cycle(gamma), accepted=1))  # this probe accepts a token
-    assert policy.probe_gap == 0
-    policy.zero_streak = 0
-    assert policy.choose() == 0
-    for _ in range(policy.probe_every - 1):
-        policy.observe(costly_bad_cycle(0))
-    assert policy.choose() > 0
+    assert probe(lambda g: replace(costly_bad_cycle(g), accepted=1)) == 63  # a token; the draft still costs more
+    assert policy.probe_gap == MAX_PROBE_GAP and policy.choose() == 0
+    # The draft turns cheap and right: each probe teaches it, the first one after which it wins
+    # brings the wait back to probe_every and drafting goes on.
+    while probe(cheap_good_cycle) and policy.probe_gap:
+        assert policy.choose() == 0
+    assert policy.probe_gap == 0 and policy.choose() > 0
 
 
 def test_probe_every_is_configurable():
@@ -418,7 +418,7 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     """Under load a session that probes alone lags its cohort by a draft call (the policy's
     docstring): sessions that share passes probe all at once, `gap` of the replica's cycles (in
     their wall time) after its last drafting cycle, whatever their own streaks; a probe that
-    accepts nothing doubles the gap, one that accepts a token brings it back to probe_every.
+    does not make drafting win doubles the gap, one that does brings it back to probe_every.
     Alone, each session keeps its own streak."""
     now = [0.0]
     replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
@@ -437,11 +437,15 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     cohort[0].observe(cycle(probes[0]))  # the first outcome: nothing accepted, the gap doubles again
     assert replica.probes.gap == 4 * replica.probe_every and cohort[1].choose() == 0
     now[0] += 4 * 8 * 0.020
-    cohort[1].observe(replace(cycle(cohort[1].choose()), accepted=1))  # a probe accepts a token
-    assert replica.probes.gap == 0
-    assert cohort[2].choose() == 0
-    now[0] += 8 * 0.020
-    assert cohort[2].choose() > 0
+    cohort[1].observe(replace(cycle(cohort[1].choose()), accepted=1))  # a token, and still γ = 0 wins
+    assert replica.probes.gap == 8 * replica.probe_every and cohort[2].choose() == 0
+    good = lambda g: replace(loaded_cycle(g, 8), accepted=g, wall_ms=20.0)  # the draft turns right
+    for _ in range(40):  # outcomes before the next probe is due do not set the gap
+        cohort[2].observe(good(4))
+    assert replica.probes.gap == 8 * replica.probe_every
+    now[0] = replica.probes.due_at
+    cohort[3].observe(good(4))  # the first outcome of a due probe, after which drafting wins
+    assert replica.probes.gap == 0 and all(s.choose() > 0 for s in cohort)
 
     alone = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
     for g in [4, 2, 4, 6] * 4:
