@@ -117,7 +117,7 @@ drafted token, a probe's catch-up made drafting look dear and kept sessions at �
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from itertools import accumulate
 
 from tandem.math.acceptance import verified_tokens
@@ -407,7 +407,7 @@ class GammaPolicy:
         if not self.costs.measured:
             return min(self.initial_gamma, top)
         rates = self.rates(top, ahead)
-        gamma = max(range(top + 1), key=lambda g: (rates[g], -g))
+        gamma = _best(rates)
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)
         return gamma
@@ -446,17 +446,17 @@ class GammaPolicy:
             return
         self._observe_shape(c, output_tokens)
         self.pair.observe(c.accepted, c.gamma, c.guessed, c.recovered)
-        wins = partial(self._drafting_wins, ahead)  # asked of a probe's outcome only: rates cost CPU
+        # Asked only of a probe's outcome (the session's, the cohort's), and once: rates cost CPU.
+        wins = cache(partial(self._drafting_wins, ahead))
         if probed:
             self.probe_gap = 0 if wins() else min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
         self.probes.drafted(wins, c.wall_ms, self.probe_every)
 
     def _drafting_wins(self, ahead: bool) -> bool:
-        """Whether a drafting γ is what choose would pick, as things now stand."""
+        """Whether choose, probes aside, would draft now."""
         if not self.costs.measured:
-            return True
-        rates = self.rates(self.max_gamma, ahead)
-        return max(rates[1:], default=0.0) > rates[0]
+            return self.initial_gamma > 0
+        return _best(self.rates(self.max_gamma, ahead)) > 0
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:
@@ -483,6 +483,11 @@ class GammaPolicy:
         the acceptance of `state` (a stored session's to_dict; unknown fields ignored) or none yet."""
         known = {k: v for k, v in (state or {}).items() if k in ACCEPTANCE}
         return replace(self, **(ACCEPTANCE | known))
+
+
+def _best(rates: list[float]) -> int:
+    """The γ of the highest rate, the smallest on a tie."""
+    return max(range(len(rates)), key=lambda g: (rates[g], -g))
 
 
 def _ewma(old: float, new: float, decay: float) -> float:
