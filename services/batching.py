@@ -7,9 +7,10 @@ without one), or has the step's CacheMiss thrown into it, and returns its answer
 step, drafting γ tokens is γ steps. Each round, the model thread takes the jobs waiting for a
 step, in arrival order, one per session, up to a budget of tokens (the first always, however
 long), runs their steps in one pass (`ModelRuntime.extend_batch`; one per kind of step where a
-verifier drafts too: the target's pass and its head's), answers each pass's asks together
-(`sampler.answer`: one warp, one argmax, one draw per kind for the whole pass), and hands each
-job its answer. A step whose session a later writer has stepped meanwhile is not
+verifier drafts too: the target's pass and its head's, whose steps wait for a round or two while
+verifies do, so that every session's drafting runs in the same passes), answers each pass's asks
+together (`sampler.answer`: one warp, one argmax, one draw per kind for the whole pass), and hands
+each job its answer. A step whose session a later writer has stepped meanwhile is not
 run: its job ends with `Superseded` (tandem.services.fencing). The `KeepPath`s the jobs then
 yield (after a token tree's step) are applied together, before any other pass. A job with more
 steps waits for the next round; a job that arrived meanwhile joins it. Nothing waits for a
@@ -27,6 +28,7 @@ cache, positions and random numbers, so the answers are those of the job run alo
 floating-point rounding of a larger product (docs/exactness.md, "Batch invariance").
 """
 
+import collections
 import concurrent.futures
 import inspect
 import logging
@@ -51,6 +53,8 @@ log = logging.getLogger("tandem.worker")
 # Tokens per pass: a round takes waiting steps until the next would pass this. A decode round
 # of 64 sessions drafting, or 32 verifying γ = 8 blocks, fits; a long prefill runs with few others.
 DEFAULT_BATCH_TOKENS = 512
+# Rounds in a row a verifier's drafting steps may wait while verifies run (Batcher._kinds).
+MAX_DEFERRALS = 2
 
 Job = Generator[Step, Any, Any]
 
@@ -66,6 +70,7 @@ class _Running:
     compute_ms: float = 0.0  # the passes it took part in, and its own work between them
     cost_ms: float = 0.0  # the same work in the device's time (the module's docstring)
     batching: Batching = field(default_factory=Batching)  # those passes, every session's tokens in them
+    deferred: int = 0  # rounds in a row its drafting step waited for verifies (Batcher._kinds)
 
 
 class Batcher:
@@ -83,9 +88,12 @@ class Batcher:
         shared = device is not None and on_cpu and torch.get_num_threads() > 1
         self._cpu = time.process_time if shared else time.thread_time
         self._cost_is_wall = not on_cpu
+        # A verifier's drafting step (its head's, its exit layers'), which waits for verifies (_kinds).
+        self._drafting = getattr(runtime, "draft_step", None)  # None: no drafting, or no model
         self.writers = WriterEpochs()
         self.returns = Returns()  # when sessions went back, and how long they take to return
-        self.passes = LinearFit()  # what a pass costs (wall seconds) against its tokens
+        # Per kind of step, what its pass costs (wall seconds) against its tokens.
+        self.passes: collections.defaultdict[type, LinearFit] = collections.defaultdict(LinearFit)
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="model", daemon=True)
         self._thread.start()
@@ -148,8 +156,11 @@ class Batcher:
 
     def _hold(self, waiting: list[_Running]) -> None:
         """Wait, admitting what comes meanwhile, for the sessions due back within a share of a
-        pass's fixed cost (tandem.services.holding), unless the round is full already."""
-        budget, now = HOLD_SHARE * fixed_s(self.passes), time.perf_counter()
+        pass's fixed cost (tandem.services.holding), unless the round is full already. The
+        dearest kind's pass: a verifier's target pass (its head's costs a quarter), a hybrid
+        drafter's model pass (its lookups' cost nothing), which the rows due back would join."""
+        fixed = max((fixed_s(line) for line in self.passes.values()), default=0.0)
+        budget, now = HOLD_SHARE * fixed, time.perf_counter()
         if budget <= 0 or sum(len(r.step.tokens) for r in waiting) >= self.max_batch_tokens:
             return
         until, due = now + budget, self.returns.due(now, budget)
@@ -168,26 +179,31 @@ class Batcher:
             waiting[:] = [r for r in waiting if not r.future.done()]
         if not batch:
             return
-        tokens = [len(r.step.tokens) for r in batch]
-        ready, elapsed = [], 0.0
-        # One pass per kind of step: the target's, and a verifier's drafting steps (its head's or
-        # its exit layers': tandem.services.head_runtime, self_draft), whose pass is another.
+        ready = []
+        for jobs in self._kinds(batch):  # grouped first: a pass advances its jobs to their next steps
+            ready += self._pass(jobs, waiting)
+        waiting += ready  # their next steps join the next round, behind older jobs
+
+    def _kinds(self, batch: list[_Running]) -> list[list[_Running]]:
+        """The round's passes: its steps grouped by kind, the target's and a verifier's drafting
+        steps (its head's or its exit layers': tandem.services.head_runtime, self_draft), whose
+        pass is another. Drafting steps wait while verifies do, MAX_DEFERRALS rounds at most: a
+        verify's job drafts next, so the sessions behind catch up and the cohorts' drafting steps
+        share passes. Run side by side, two cohorts kept the verifier's passes at 4 sessions of 8."""
         kinds: dict[type, list[_Running]] = {}
         for running in batch:
             kinds.setdefault(type(running.step), []).append(running)
-        for jobs in kinds.values():  # grouped first: a pass advances its jobs to their next steps
-            advanced, ms = self._pass(jobs, waiting)
-            ready, elapsed = ready + advanced, elapsed + ms
-        # Holds wait for a round, whatever passes it runs (tandem.services.holding).
-        if max(tokens) <= FIT_STEP_TOKENS:
-            self.passes.add(sum(tokens), elapsed / 1e3, PASS_DECAY)
-        waiting += ready  # their next steps join the next round, behind older jobs
+        drafting = kinds.get(self._drafting, []) if len(kinds) > 1 else []
+        waits = bool(drafting) and all(r.deferred < MAX_DEFERRALS for r in drafting)
+        for running in drafting:
+            running.deferred = running.deferred + 1 if waits else 0
+        return [jobs for kind, jobs in kinds.items() if not (waits and kind is self._drafting)]
 
-    def _pass(self, batch: list[_Running], waiting: list[_Running]) -> tuple[list[_Running], float]:
+    def _pass(self, batch: list[_Running], waiting: list[_Running]) -> list[_Running]:
         """Run one pass of the round (its steps of one kind), charge it to the jobs in it, and
-        advance them → (those with a step to run, the pass's wall ms). Charged the whole round,
-        a head's step paid the target's pass of the other sessions' verifies and they its pass,
-        and the policy's fits of the two passes' costs mixed both."""
+        advance them → those with a step to run. Charged the whole round, a head's step paid the
+        target's pass of the other sessions' verifies and they its pass, and the policy's fits of
+        the two passes' costs mixed both."""
         tokens = sum(len(r.step.tokens) for r in batch)
         start = self._start()
         steps = [r.step for r in batch]
@@ -207,7 +223,9 @@ class Batcher:
             waiting.remove(running)
             if self._advance(running, result):
                 advanced.append(running)
-        return self._keep_paths(advanced), elapsed
+        if max(len(step.tokens) for step in steps) <= FIT_STEP_TOKENS:  # for holds (_hold)
+            self.passes[type(steps[0])].add(tokens, elapsed / 1e3, PASS_DECAY)
+        return self._keep_paths(advanced)
 
     @staticmethod
     def _answer(steps: list[Step], results: list) -> list:

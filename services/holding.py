@@ -9,6 +9,12 @@ came back that quickly last time. It waits only while the wait is shorter than a
 fixed cost it saves (`HOLD_SHARE`), for rows due (or late) by no more than that: a cohort
 whose way round is longer (many sessions, a busy orchestrator) is not waited for, and a session
 that finished or moved elsewhere costs at most one such wait before it is overdue and forgotten.
+
+A worker whose passes are of several kinds (a verifier's target and its head, a hybrid drafter's
+lookups and its model) fits each kind's line on its own passes and holds for the dearest, the
+pass the rows due back would join. Fitted on whole rounds, some the head's 5 ms pass and some
+the target's 20 ms one, the line was neither, and a verifier that drafted at 8 in flight held its
+passes at 5.2 sessions against 6.0 with a line per kind.
 """
 
 from collections import OrderedDict

@@ -16,7 +16,7 @@ from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp
 from tandem.math.tree import Tree
 from tandem.services import distributions
-from tandem.services.batching import Batcher
+from tandem.services.batching import MAX_DEFERRALS, Batcher
 from tandem.services.draft_worker import propose, propose_ahead, propose_tree
 from tandem.services.fencing import Superseded, WriterEpochs
 from tandem.services.runtime import CacheMiss, ModelRuntime, Step
@@ -262,6 +262,52 @@ def test_each_kind_of_step_runs_and_is_charged_in_a_pass_of_its_own(model_dir):
     assert passes == [[(Step, "a"), (Step, "ccc")], [(_Drafting, "bb")]]
     charged = [(a.batching.passes, a.batching.sessions, a.batching.tokens) for a in answers]
     assert charged == [(1, 2, 9), (1, 1, 3), (1, 2, 9)]
+
+
+def _kinds_job(session_id: str, kinds: list[type]):
+    """A job of one step per kind given, in order (a verify, then its drafting steps)."""
+    for i, kind in enumerate(kinds):
+        yield kind(session_id, i, prompt(1, i), keep=1)
+    return SimpleNamespace(compute_ms=0.0)
+
+
+def test_drafting_steps_wait_for_a_verify_behind_them_and_then_share_its_jobs_passes(model_dir):
+    """On a verifier that drafts, a verify that arrives while another job drafts runs first, and
+    the two jobs' drafting steps then share passes (without the wait: a round of two passes, then
+    a pass each); a drafting step waits MAX_DEFERRALS rounds at most, however many verifies keep
+    arriving."""
+    runtime = ModelRuntime(model_dir)
+    runtime.draft_step = _Drafting
+    passes, extend_batch, arrivals = [], runtime.extend_batch, []
+
+    def recording(steps):
+        passes.append([(type(step).__name__, step.session_id) for step in steps])
+        if arrivals:  # the next job arrives while this pass runs
+            futures.append(batcher.submit(arrivals.pop(0)))
+        return extend_batch(steps)
+
+    runtime.extend_batch = recording
+    batcher = Batcher(runtime)
+    arrivals.append(_kinds_job("y", [Step, _Drafting, _Drafting]))
+    futures = [batcher.submit(_kinds_job("x", [Step, _Drafting, _Drafting]))]
+    while len(futures) < 2:
+        time.sleep(0.01)
+    for future in futures:
+        future.result(TIMEOUT_S)
+    assert passes == [[("Step", "x")], [("Step", "y")], [("_Drafting", "x"), ("_Drafting", "y")],
+                      [("_Drafting", "x"), ("_Drafting", "y")]]
+
+    passes.clear()
+    arrivals.extend(_kinds_job(f"v{i}", [Step]) for i in range(4))
+    futures = [batcher.submit(_kinds_job("x", [Step, _Drafting]))]
+    while len(futures) < 5:
+        time.sleep(0.01)
+    for future in futures:
+        future.result(TIMEOUT_S)
+    # x's drafting step waits two rounds, then runs (its pass first: it is older) beside v2's verify.
+    assert MAX_DEFERRALS == 2
+    assert passes == [[("Step", "x")], [("Step", "v0")], [("Step", "v1")], [("_Drafting", "x")], [("Step", "v2")],
+                      [("Step", "v3")]]
 
 
 def test_a_round_of_every_kind_of_ask_gives_each_job_its_own_answer(model_dir):

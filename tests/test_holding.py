@@ -10,7 +10,7 @@ from tandem.math.params import SamplingParams
 from tandem.services.batching import Batcher
 from tandem.math.fit import LinearFit
 from tandem.services.holding import FORGET_S, PASS_DECAY, Returns, fixed_s
-from tandem.services.runtime import ModelRuntime
+from tandem.services.runtime import ModelRuntime, Step
 from tandem.services.target_verifier import verify
 
 from support.models import llama_config, save_random_model
@@ -78,8 +78,8 @@ def test_a_round_waits_for_a_session_due_back_while_the_wait_costs_less_than_a_p
     runtime.extend_batch = recording
     batcher = Batcher(runtime)
     for _ in range(100):  # what passes cost, as if measured (the real ones barely move it)
-        batcher.passes.add(1, fixed + 0.001, PASS_DECAY)
-        batcher.passes.add(64, fixed + 0.064, PASS_DECAY)
+        batcher.passes[Step].add(1, fixed + 0.001, PASS_DECAY)
+        batcher.passes[Step].add(64, fixed + 0.064, PASS_DECAY)
     tokens = {"x": prompt(6, 1), "y": prompt(6, 2)}
 
     def step(session_id: str):  # the session's next verify: its last token fed, nothing drafted
