@@ -290,8 +290,7 @@ def test_drafting_steps_wait_for_a_verify_behind_them_and_then_share_its_jobs_pa
     batcher = Batcher(runtime)
     arrivals.append(_kinds_job("y", [Step, _Drafting, _Drafting]))
     futures = [batcher.submit(_kinds_job("x", [Step, _Drafting, _Drafting]))]
-    while len(futures) < 2:
-        time.sleep(0.01)
+    futures[0].result(TIMEOUT_S)  # y arrived during x's first pass
     for future in futures:
         future.result(TIMEOUT_S)
     assert passes == [[("Step", "x")], [("Step", "y")], [("_Drafting", "x"), ("_Drafting", "y")],
@@ -300,8 +299,7 @@ def test_drafting_steps_wait_for_a_verify_behind_them_and_then_share_its_jobs_pa
     passes.clear()
     arrivals.extend(_kinds_job(f"v{i}", [Step]) for i in range(4))
     futures = [batcher.submit(_kinds_job("x", [Step, _Drafting]))]
-    while len(futures) < 5:
-        time.sleep(0.01)
+    futures[0].result(TIMEOUT_S)  # each verify arrived during a pass, the last during x's last
     for future in futures:
         future.result(TIMEOUT_S)
     # x's drafting step waits two rounds, then runs (its pass first: it is older) beside v2's verify.
