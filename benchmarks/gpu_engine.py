@@ -102,11 +102,12 @@ class Engine:
     """One worker runtime driven round by round on this thread, batched (asks answered for the
     whole round) or per session (the engine before batching: each session's own sampling)."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, model: torch.nn.Module | None = None, max_cache_bytes: int = 40 << 30) -> None:
         from tandem.services.runtime import ModelRuntime, Step
 
         self.Step = Step
-        self.runtime = ModelRuntime(model_dir, device=DEVICE, dtype=DTYPE, max_cache_bytes=40 << 30)
+        built = {} if model is None else {"model": model}  # the engine before batching loads from model_dir alone
+        self.runtime = ModelRuntime(model_dir, device=DEVICE, dtype=DTYPE, max_cache_bytes=max_cache_bytes, **built)
         try:
             from tandem.services import sampler
         except ImportError:

@@ -206,10 +206,13 @@ class ModelRuntime:
         device: str = "cpu",
         dtype: str = "float32",
         max_cache_bytes: int = 2 << 30,
+        model: torch.nn.Module | None = None,
     ) -> None:
+        """model: one already built (benchmarks/gpu_costs.py's random weights, too large to save
+        and load), served as model_dir's; None reads it from model_dir."""
         self.device = torch.device(device)
-        torch_dtype = getattr(torch, dtype)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         model.to(self.device).eval()
         config = model.config
         self.info = ModelInfo(

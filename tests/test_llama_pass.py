@@ -92,6 +92,17 @@ def test_greedy_decoding_matches_hf_generate(tmp_path):
     assert got == want
 
 
+def test_a_model_already_built_serves_as_its_directory_would(tmp_path):
+    """benchmarks/gpu_costs.py serves random models too large to save: the runtime given the
+    model answers as the one that read it, and names it as told."""
+    path, hf = _load(tmp_path, "built")
+    built = ModelRuntime("random 32b target", model=hf)
+    read = ModelRuntime(path)
+    assert built.info.model == "random 32b target" and built.info.num_parameters == read.info.num_parameters
+    seq = prompt(9, seed=10)
+    torch.testing.assert_close(built.extend("s", 0, seq), read.extend("s", 0, seq))
+
+
 def test_weights_are_column_major_on_cpu_and_tied_head_is_a_copy(tmp_path):
     _, hf = _load(tmp_path, "t", tie_word_embeddings=True)
     fp = LlamaPass(hf, column_major=True)
