@@ -98,6 +98,16 @@ passes of its own. With n-gram drafts on held-out code (γ = 0 best) at 8 in fli
 probing alone held the verifier's passes at 6.3–6.7 sessions against γ = 0's 7.5–7.9 and served
 0.78–0.95× its tokens/s; probing together, 0.99×.
 
+Each arm at its own fill. A drafting cohort's round is a verify pass and a drafting one (a draft
+worker's, or the verifier's own head steps), and cohorts that reached the workers a pass apart
+stay apart; at γ = 0 a round is one verify call a session, and the cohorts' verifies line up in
+one pass. So where sessions share passes, γ = 0 is priced at the most sessions the verifier's
+passes have held lately (`PoolCosts.verify_full`, a maximum that fades 1 % a cycle observed),
+drafting at the passes as measured. Priced both at the drafting regime's fill, γ = 0 lost to
+drafting that served less: the verifier's head at T = 1, 8 in flight on the test bed, its passes
+holding 5.9–6.6 sessions drafting and 7.3–7.6 at γ = 0, adaptive drafted at a mean γ of 1.7 for
+0.86× γ = 0's tokens/s; priced each at its own, at 0.27 for 0.92×.
+
 A call's costs besides the passes (its worker's CPU, the orchestrator's, its latency) are lines
 in γ too: sampled, every drafted token brings its distribution (the vocabulary's probabilities)
 through the draft worker, the network, the orchestrator and the verifier. Learned as one number
@@ -173,6 +183,10 @@ class PoolCosts:
     decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
     draft_sessions: float = -1.0  # sessions per draft pass (exponentially weighted; -1: not yet)
     verify_sessions: float = -1.0  # sessions per verify pass
+    # The most sessions a verify pass has held lately (a decayed maximum): γ = 0's fill where
+    # sessions share passes, its cohorts' verifies lining up in one pass (the module's docstring).
+    verify_full: float = -1.0
+    full_decay: float = 0.99
     # Each worker's cost of one pass against the tokens it ran (every session's).
     draft_pass: LinearFit = field(default_factory=LinearFit)
     verify_pass: LinearFit = field(default_factory=LinearFit)
@@ -203,7 +217,14 @@ class PoolCosts:
     def verify_ms(self, gamma: int) -> float:
         """A session's share of the verify pass of a γ-token block."""
         intercept, slope = self.verify_pass.line()
-        return intercept / max(self.verify_sessions, 1.0) + slope * (gamma + 1)
+        return intercept / self.fill(gamma) + slope * (gamma + 1)
+
+    def fill(self, gamma: int) -> float:
+        """The sessions a verify pass of a γ cycle is shared by: as measured, or at γ = 0 where
+        sessions share passes, the most they have held lately."""
+        if gamma == 0 and self.shared:
+            return max(self.verify_full, self.verify_sessions, 1.0)
+        return max(self.verify_sessions, 1.0)
 
     def cycle_ms(self, gamma: int) -> float:
         return self.cycles_ms(gamma)[gamma]
@@ -212,14 +233,17 @@ class PoolCosts:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
         (each line read once a call, not once a γ: a policy asks for every γ each cycle).
         ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
-        share = 1.0 / max(self.verify_sessions, 1.0)  # latency is shared like a pass's intercept
-        slope = self.verify_pass.line()[1]  # each drafted token adds to the verify pass
-        v0, v1 = _sum_lines((self.verify_call, 1.0), (self.overhead, 1.0), (self.latency, share))
-        verify = [self.verify_ms(0) + v0 + (slope + v1) * g for g in range(top + 1)]
+        intercept, slope = self.verify_pass.line()  # each drafted token adds to the verify pass
+        calls = (self.verify_call, 1.0), (self.overhead, 1.0)
+        # Latency is shared like a pass's intercept, each arm's at its fill.
+        z0 = _sum_lines(*calls, (self.latency, 1.0 / self.fill(0)))[0]
+        v0, v1 = _sum_lines(*calls, (self.latency, 1.0 / self.fill(1)))
+        drafting = intercept / self.fill(1) + slope + v0
+        verify = [intercept / self.fill(0) + slope + z0] + [drafting + (slope + v1) * g for g in range(1, top + 1)]
         if not top:
             return verify
         draft_token = self.draft_ms_per_token()
-        d0, d1 = _sum_lines((self.draft_call, 1.0), (self.draft_overhead, 1.0), (self.draft_latency, share))
+        d0, d1 = _sum_lines((self.draft_call, 1.0), (self.draft_overhead, 1.0), (self.draft_latency, 1.0 / self.fill(1)))
         missed = [1.0 - ahead[g] for g in range(top + 1)] if ahead else [1.0] * (top + 1)
         return [verify[0]] + [missed[g] * (g * (draft_token + d1) + d0) + verify[g] for g in range(1, top + 1)]
 
@@ -239,7 +263,9 @@ class PoolCosts:
         if c.verify_fed > STEADY_VERIFY_FED:
             return
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
-        self.verify_sessions = _ewma(self.verify_sessions, passes.sessions / passes.passes, d)
+        fill = passes.sessions / passes.passes
+        self.verify_sessions = _ewma(self.verify_sessions, fill, d)
+        self.verify_full = fill if fill >= self.verify_full else _ewma(self.verify_full, fill, self.full_decay)
         self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, d)
         self.verify_call.add(c.gamma, c.verify_call_ms, d)
 

@@ -344,9 +344,25 @@ def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
     loaded = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4)
     assert loaded.alpha == pytest.approx(alone.alpha)
     assert loaded.choose() == brute_force_choice(loaded, loaded.max_gamma) < alone.choose()
-    for g in [0] * 7 + [loaded.choose()] * 12:  # the load goes; a probe measures passes alone again
-        loaded.observe(loaded_cycle(g, 1))
-    assert loaded.choose() > 0
+    for _ in range(48):  # the load goes: once the passes are no longer shared, γ = 0 is priced alone
+        loaded.observe(loaded_cycle(loaded.choose(), 1))
+    assert not loaded.costs.shared and loaded.choose() > 0
+
+
+def test_gamma_0_is_priced_at_the_passes_its_cohort_merges_into():
+    """γ = 0's cohorts shared passes of 8 sessions; drafting's passes hold 4 (its cohorts a pass
+    apart): γ = 0 is priced at the fuller passes, drafting at its own, and the fuller passes'
+    measure fades as passes stop reaching them."""
+    policy = trained(lambda g: loaded_cycle(g, 8), [0] * 16)
+    for g in [2, 4, 1, 3] * 8:
+        policy.observe(loaded_cycle(g, 4))
+    costs = policy.costs
+    assert costs.fill(0) == pytest.approx(8.0, rel=0.2) and costs.fill(2) == pytest.approx(4.0, rel=0.05)
+    assert costs.verify_ms(0) == pytest.approx(10.0 / costs.fill(0) + 0.5, rel=1e-6)
+    assert costs.verify_ms(2) == pytest.approx(10.0 / 4 + 0.5 * 3, rel=0.03)
+    for _ in range(400):
+        policy.observe(loaded_cycle(2, 4))
+    assert costs.fill(0) == pytest.approx(4.0, rel=0.05)
 
 
 def test_call_costs_that_grow_with_gamma_are_learned_as_lines():
