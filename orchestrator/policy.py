@@ -101,12 +101,14 @@ probing alone held the verifier's passes at 6.3–6.7 sessions against γ = 0's 
 Each arm at its own fill. A drafting cohort's round is a verify pass and a drafting one (a draft
 worker's, or the verifier's own head steps), and cohorts that reached the workers a pass apart
 stay apart; at γ = 0 a round is one verify call a session, and the cohorts' verifies line up in
-one pass. So where sessions share passes, γ = 0 is priced at the most sessions the verifier's
-passes have held lately (`PoolCosts.verify_full`, a maximum that fades 1 % a cycle observed),
-drafting at the passes as measured. Priced both at the drafting regime's fill, γ = 0 lost to
-drafting that served less: the verifier's head at T = 1, 8 in flight on the test bed, its passes
-holding 5.9–6.6 sessions drafting and 7.3–7.6 at γ = 0, adaptive drafted at a mean γ of 1.7 for
-0.86× γ = 0's tokens/s; priced each at its own, at 0.27 for 0.92×.
+one pass. So where sessions share passes, γ = 0's share of the verify pass is priced at the most
+sessions the verifier's passes have held lately (`PoolCosts.verify_full`, a maximum that fades
+1 % a cycle observed), drafting's at the passes as measured. Priced both at the drafting
+regime's fill, γ = 0 lost to drafting that served less: the verifier's head at T = 1, 8 in flight
+on the test bed, its passes holding 5.9–6.6 sessions drafting and 7.3–7.6 at γ = 0, adaptive
+served 0.86× γ = 0's tokens/s at a mean γ of 1.7; now 0.92×. Latency stays shared at the passes
+as measured: shared at the fuller passes too, it drew the draft model across a 20 ms link to
+γ = 0 in some of its cycles (mean γ 3.8–4.1 against 6.0–6.7), where γ = 4 serves 1.4× γ = 0.
 
 A call's costs besides the passes (its worker's CPU, the orchestrator's, its latency) are lines
 in γ too: sampled, every drafted token brings its distribution (the vocabulary's probabilities)
@@ -233,17 +235,15 @@ class PoolCosts:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
         (each line read once a call, not once a γ: a policy asks for every γ each cycle).
         ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
+        share = 1.0 / self.fill(1)  # latency is shared like a pass's intercept, at the passes measured
         intercept, slope = self.verify_pass.line()  # each drafted token adds to the verify pass
-        calls = (self.verify_call, 1.0), (self.overhead, 1.0)
-        # Latency is shared like a pass's intercept, each arm's at its fill.
-        z0 = _sum_lines(*calls, (self.latency, 1.0 / self.fill(0)))[0]
-        v0, v1 = _sum_lines(*calls, (self.latency, 1.0 / self.fill(1)))
-        drafting = intercept / self.fill(1) + slope + v0
-        verify = [intercept / self.fill(0) + slope + z0] + [drafting + (slope + v1) * g for g in range(1, top + 1)]
+        v0, v1 = _sum_lines((self.verify_call, 1.0), (self.overhead, 1.0), (self.latency, share))
+        fills = [self.fill(0)] + [self.fill(1)] * top
+        verify = [intercept / fills[g] + slope + v0 + (slope + v1) * g for g in range(top + 1)]
         if not top:
             return verify
         draft_token = self.draft_ms_per_token()
-        d0, d1 = _sum_lines((self.draft_call, 1.0), (self.draft_overhead, 1.0), (self.draft_latency, 1.0 / self.fill(1)))
+        d0, d1 = _sum_lines((self.draft_call, 1.0), (self.draft_overhead, 1.0), (self.draft_latency, share))
         missed = [1.0 - ahead[g] for g in range(top + 1)] if ahead else [1.0] * (top + 1)
         return [verify[0]] + [missed[g] * (g * (draft_token + d1) + d0) + verify[g] for g in range(1, top + 1)]
 
