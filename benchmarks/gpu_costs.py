@@ -12,10 +12,10 @@ ask answered, greedy), each session holding a CONTEXT-token context:
 
 Times are medians after a warm-up, synchronized; the kernels of a one-session pass and the
 target's prefill are recorded beside them. A table keyed by tokens alone is the planner's
-approximation: a pass's time also depends on its sessions and their contexts. The weights are random (they say
-nothing about acceptance: α is a workload's, `tandem check` measures it), Llama-shaped, built in
-the device's memory in the run's dtype: a 32B model's 64 GB would not fit the disk to be saved and
-loaded through `from_pretrained`.
+approximation: a pass's time also depends on its sessions and their contexts. The weights are
+random (they say nothing about acceptance: α is a workload's, `tandem check` measures it),
+Llama-shaped, built in the device's memory in the run's dtype: a 32B model's 64 GB would not fit
+the disk to be saved and loaded through `from_pretrained`.
 
 Pairs: `32b`, Qwen2.5-32B's shape for the target (64 layers, hidden 5120, 40 heads, 8 KV heads,
 a 152,064-token vocabulary) and Qwen2.5-0.5B's for the draft, the Helm guide's worked example;
@@ -73,7 +73,7 @@ def build(pair: str, kind: str) -> torch.nn.Module:
 
 
 def passes(engine: gpu_engine.Engine, kind: str, sessions: list[str], repeats: int) -> list[dict]:
-    """The kind's passes, timed → [{tokens, sessions, each, ms}] by tokens."""
+    """The kind's passes, timed → [{tokens, sessions, each, ms}], by tokens."""
     start = gpu_engine.CONTEXT
     counts = [n for n in SESSIONS if n <= len(sessions)]
     shapes = [(1, 1)] + [(n, BLOCK) for n in counts] if kind == "target" else [(n, 1) for n in counts]
@@ -144,10 +144,9 @@ def write(results: dict, out: Path) -> None:
         for kind in ("target", "draft"):
             m = measured[kind]
             rows = m["passes"]
-            lines += [f"**{pair} {kind}** ({m['parameters'] / 1e9:.2f} B parameters, {m['weight_bytes'] / 1e9:.1f} GB;"
-                      f" one session's pass "
-                      f"{m['kernels_one_session']} kernels; one session's {results['context']}-token prefill "
-                      f"{m['prefill_ms']:.1f} ms)", "",
+            lines += [f"**{pair} {kind}** ({m['parameters'] / 1e9:.2f} B parameters, {m['weight_bytes'] / 1e9:.1f} GB; "
+                      f"one session's pass {m['kernels_one_session']} kernels; one session's "
+                      f"{results['context']}-token prefill {m['prefill_ms']:.1f} ms)", "",
                       "| tokens | " + " | ".join(str(r["tokens"]) for r in rows) + " |",
                       "|---|" + "---|" * len(rows),
                       "| sessions × tokens | " + " | ".join(f"{r['sessions']}×{r['each']}" for r in rows) + " |",
@@ -169,7 +168,6 @@ def main() -> None:
     parser.add_argument("--pairs", default="32b,8b")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--max-sessions", type=int, default=max(SESSIONS), help="the most sessions in a pass")
     parser.add_argument("--smoke", action="store_true", help="a tiny pair on the CPU, at the smallest sizes")
     args = parser.parse_args()
     gpu_engine.DEVICE, gpu_engine.DTYPE, gpu_engine.CONTEXT = "cuda", "bfloat16", args.context
@@ -177,7 +175,6 @@ def main() -> None:
         gpu_engine.DEVICE, gpu_engine.DTYPE, gpu_engine.CONTEXT = "cpu", "float32", 32
         args.pairs, args.repeats, SESSIONS = "small", 1, (1, 2)
         torch.set_num_threads(1)
-    SESSIONS = tuple(n for n in SESSIONS if n <= args.max_sessions)
     pairs = args.pairs.split(",")
     unknown = sorted(set(pairs) - set(PAIRS))
     if unknown:

@@ -235,10 +235,11 @@ class PoolCosts:
         """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
         (each line read once a call, not once a γ: a policy asks for every γ each cycle).
         ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
-        share = 1.0 / self.fill(1)  # latency is shared like a pass's intercept, at the passes measured
+        drafting = self.fill(1)
+        share = 1.0 / drafting  # latency is shared like a pass's intercept, at the passes measured
         intercept, slope = self.verify_pass.line()  # each drafted token adds to the verify pass
         v0, v1 = _sum_lines((self.verify_call, 1.0), (self.overhead, 1.0), (self.latency, share))
-        fills = [self.fill(0)] + [self.fill(1)] * top
+        fills = [self.fill(0)] + [drafting] * top
         verify = [intercept / fills[g] + slope + v0 + (slope + v1) * g for g in range(top + 1)]
         if not top:
             return verify
