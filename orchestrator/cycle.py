@@ -150,6 +150,8 @@ class SpeculativeLoop:
         span = tracing.start_span("cycle", parent, attributes={
             "tandem.cycle.index": s.cycle, "tandem.cycle.gamma": gamma, "tandem.cycle.drafted_ahead": ahead,
             "tandem.cycle.draft_shape": "tree" if widths else "chain"})
+        if s.request.gamma is None and s.policy.rates_seen:  # why the policy chose this γ
+            span.set_attribute("tandem.cycle.tokens_per_ms", s.policy.rates_seen)
         here = trace.set_span_in_context(span, parent)
         if block:
             task = asyncio.get_running_loop().create_future()

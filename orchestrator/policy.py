@@ -371,6 +371,9 @@ class GammaPolicy:
     tree_ms: float = 0.0
     last_tree: bool = False
     shape_streak: int = 0
+    # The latest choice's S(γ), γ = 0 … top (tokens per ms; () before the costs are measured): its
+    # cycle's span shows them (tandem.orchestrator.cycle).
+    rates_seen: tuple[float, ...] = ()
     # The replica's, one object each for all its sessions: what the work costs, what the draft does,
     # when its cohorts probe.
     costs: PoolCosts = field(default_factory=PoolCosts)
@@ -432,8 +435,10 @@ class GammaPolicy:
         drafts ahead during this session's verifies."""
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
         if not self.costs.measured:
+            self.rates_seen = ()
             return min(self.initial_gamma, top)
         rates = self.rates(top, ahead)
+        self.rates_seen = tuple(rates)
         gamma = _best(rates)
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)

@@ -344,8 +344,9 @@ def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
     loaded = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4)
     assert loaded.alpha == pytest.approx(alone.alpha)
     assert loaded.choose() == brute_force_choice(loaded, loaded.max_gamma) < alone.choose()
-    for _ in range(48):  # the load goes: once the passes are no longer shared, γ = 0 is priced alone
-        loaded.observe(loaded_cycle(loaded.choose(), 1))
+    for i in range(120):  # the load goes: once the passes are no longer shared, γ = 0 is priced alone
+        g = loaded.choose()  # (every other drafted token accepted, counted across cycles: α = 0.5 at γ = 1 too)
+        loaded.observe(replace(loaded_cycle(g, 1), accepted=(g * (i + 1)) // 2 - (g * i) // 2))
     assert not loaded.costs.shared and loaded.choose() > 0
 
 

@@ -127,6 +127,24 @@ def test_without_a_caller_trace_a_request_is_its_own_trace(cluster, otlp, pair):
     assert {service for service, _ in spans} == SERVICES
 
 
+def test_an_adaptive_cycle_shows_the_rates_its_gamma_was_chosen_by(cluster, otlp, pair):
+    """Adaptive γ: a cycle whose γ the policy chose shows S(γ), γ = 0 … γ_max, as it saw them (the
+    costs measured by then: the first cycles draft the initial γ). Its γ is their best, or less
+    where the request wants fewer tokens, or a probe's (γ = 0 best)."""
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("caller") as caller:
+        with tandem.Client(cluster["address"], timeout_s=120) as client:
+            result = client.generate(prompt_token_ids=pair["prompts"][5], max_tokens=32, temperature=0, seed=7)
+    spans = collect(otlp, caller.get_span_context().trace_id.to_bytes(16, "big"), result.stats.cycles)
+    chosen = [attributes(sp) for _, sp in spans if sp.name == "cycle" and "tandem.cycle.tokens_per_ms" in attributes(sp)]
+    assert chosen
+    for c in chosen:
+        rates, gamma = list(c["tandem.cycle.tokens_per_ms"]), c["tandem.cycle.gamma"]
+        best = rates.index(max(rates))
+        assert len(rates) == 9 and all(r > 0 for r in rates)  # γ_max = 8
+        assert gamma <= best or best == 0
+
+
 def test_tracing_cost_harness_compares_sampled_and_sampled_out_requests(cluster, otlp, pair, tmp_path):
     from tandem.bench import tracing_cost
 
