@@ -47,6 +47,7 @@ class NetworkCluster:
         self.orchestrator_args, self.worker_args = tuple(orchestrator_args), tuple(worker_args)
         self.procs: dict[str, subprocess.Popen] = {}
         self.redis: EmbeddedRedis | None = None
+        self.links: tuple[list[str], list[str]] = ([], [])  # the orchestrator's ends: drafters', verifiers'
 
     @property
     def address(self) -> str:
@@ -60,8 +61,9 @@ class NetworkCluster:
             with ThreadPoolExecutor(len(self.workers)) as pool:
                 addresses = dict(zip(self.workers, pool.map(self._worker, self.workers)))
             links = self.bed.connect({name: ("orchestrator", to) for name, to in addresses.items()}, *self.delay)
-            self._orchestrator([links[n] for n in self.workers if n.startswith("draft")],
-                               [links[n] for n in self.workers if n.startswith("target")])
+            self.links = ([links[n] for n in self.workers if n.startswith("draft")],
+                          [links[n] for n in self.workers if n.startswith("target")])
+            self._orchestrator(*self.links)
         except BaseException:
             self.stop()
             raise
@@ -104,6 +106,12 @@ class NetworkCluster:
         # busy machine, the first call was refused past the SDK's retries.
         if not grpc_answers(f"{host.address}:{GRPC_PORT}", max(1.0, READY_S - (time.monotonic() - started))):
             raise RuntimeError(f"the test bed's gRPC ingress {host.address}:{GRPC_PORT} did not answer")
+
+    def restart_orchestrator(self) -> None:
+        """A new orchestrator (Ray, its Serve replica) on the same workers, links and Redis: a replica
+        that has measured nothing yet (the γ policy's costs and acceptance are the replica's)."""
+        stop_processes([self.procs.pop("orchestrator")], timeout_s=30)
+        self._orchestrator(*self.links)
 
     def cpu_ms(self) -> dict[str, float]:
         """Each of the cluster's roles' CPU time so far, in ms: each worker's process, the
