@@ -23,9 +23,9 @@ points. `--control` runs γ = 0 twice a round, the second apart from the modes: 
 first, paired the same way, is what the bed's noise alone moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run: every mode runs on one
 cluster, and the policy's state is its replica's, so without it an adaptive run starts from what
-the fixed modes before it taught the replica. Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own host (hybrid,
-the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its blocks cross
-only the verifier's link). `drafters` puts several drafters' sweeps side by side.
+the fixed modes before it taught the replica. Needs root (network namespaces). `--drafter` picks
+who drafts: a draft worker on its own host (hybrid, the default; model; ngram) or the verifier
+with the shipped EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts several drafters' sweeps side by side.
 `calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the bed's processes sharing
 the host's cores, from costs measured apart from it (`_costs`). `runahead` measures a lone
 session's tokens/s against the delay with drafting ahead off and for guesses of the bonus token
