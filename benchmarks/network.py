@@ -25,14 +25,14 @@ first, paired the same way, is what the bed's noise alone moves a ratio by at th
 cluster, and the policy's state is its replica's, so without it an adaptive run starts from what
 the fixed modes before it taught the replica. Needs root (network namespaces). `--drafter` picks
 who drafts: a draft worker on its own host (hybrid, the default; model; ngram) or the verifier
-with the shipped EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts several drafters' sweeps side by side.
-`calibrate` predicts each fixed-γ point with tandem.capacity.simulate, the bed's processes sharing
-the host's cores, from costs measured apart from it (`_costs`). `runahead` measures a lone
-session's tokens/s against the delay with drafting ahead off and for guesses of the bonus token
-and of the recovered tokens (`tandem orchestrator --ahead-guesses G --ahead-rejections R`), one
-cluster per setting and round, the settings in a new order each round. `--smoke` runs sweep,
-calibrate and drafters on that sweep, and runahead at a tiny size (SMOKE), everything
-under --out: the code path, not numbers to read.
+with the shipped EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts
+several drafters' sweeps side by side. `calibrate` predicts each fixed-γ point with
+tandem.capacity.simulate, the bed's processes sharing the host's cores, from costs measured apart
+from it (`_costs`). `runahead` measures a lone session's tokens/s against the delay with
+drafting ahead off and for guesses of the bonus token and of the recovered tokens (`tandem
+orchestrator --ahead-guesses G --ahead-rejections R`), one cluster per setting and round, the
+settings in a new order each round. `--smoke` runs sweep, calibrate and drafters on that sweep,
+and runahead at a tiny size (SMOKE), everything under --out: the code path, not numbers to read.
 
 Writes sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png} to --out (sweep,
 calibrate and runahead take it; default results/network), drafters.{md,png} to drafters' --out

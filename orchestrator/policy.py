@@ -106,8 +106,10 @@ sessions the verifier's passes have held lately (`PoolCosts.verify_full`, a maxi
 1 % a cycle observed), drafting's at the passes as measured. Priced both at the drafting
 regime's fill, γ = 0 lost to drafting that served less: the verifier's head at T = 1, 8 in flight
 on the test bed, its passes holding 5.9–6.6 sessions drafting and 7.3–7.6 at γ = 0, adaptive
-served 0.86× γ = 0's tokens/s at a mean γ of 1.7; now 0.92×. Latency stays shared at the passes
-as measured: shared at the fuller passes too, it drew the draft model across a 20 ms link to
+served 0.86× γ = 0's tokens/s at a mean γ of 1.7; now 0.92× where the replica's state came from
+fixed-γ runs first, and 0.87× from a fresh replica, whose first cycles' drafting regime holds
+itself (benchmarks/README.md, "Why the costs cannot settle it"). Latency stays shared at the
+passes as measured: shared at the fuller passes too, it drew the draft model across a 20 ms link to
 γ = 0 in some of its cycles (mean γ 3.8–4.1 against 6.0–6.7), where γ = 4 serves 1.4× γ = 0.
 
 A call's costs besides the passes (its worker's CPU, the orchestrator's, its latency) are lines
