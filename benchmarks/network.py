@@ -21,12 +21,13 @@ a point's tokens/s per mode is its median run, adaptive's ratio to the best fixe
 round by round (with its 95 % interval), and it times both models' passes before and after its
 points. `--control` runs γ = 0 twice a round, the second apart from the modes: its ratio to the
 first, paired the same way, is what the bed's noise alone moves a ratio by at that point.
-`--fresh-adaptive` starts a new orchestrator before each adaptive run: every mode runs on one
-cluster, and the policy's state is its replica's, so without it an adaptive run starts from what
-the fixed modes before it taught the replica. Needs root (network namespaces). `--drafter` picks
-who drafts: a draft worker on its own host (hybrid, the default; model; ngram) or the verifier
-with the shipped EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts
-several drafters' sweeps side by side. `calibrate` predicts each fixed-γ point with
+`--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
+then measures what a replica just started serves): every mode runs on one cluster, and the
+policy's state is its replica's, so without it an adaptive run starts from what the fixed modes
+before it taught the replica. Needs root (network namespaces). `--drafter` picks who drafts: a
+draft worker on its own host (hybrid, the default; model; ngram) or the verifier with the shipped
+EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts several
+drafters' sweeps side by side. `calibrate` predicts each fixed-γ point with
 tandem.capacity.simulate, the bed's processes sharing the host's cores, from costs measured apart
 from it (`_costs`). `runahead` measures a lone session's tokens/s against the delay with
 drafting ahead off and for guesses of the bonus token and of the recovered tokens (`tandem
@@ -151,8 +152,10 @@ def sweep(args) -> None:
             # Every mode once per round, in a new order each round: drift spreads over all modes.
             for repeat, run in ((r, m) for r in range(args.repeats) for m in rng.sample(rounds, len(rounds))):
                 mode = cluster_mode(0) if run == CONTROL else run
-                if args.fresh_adaptive and mode == cluster_mode(None):
-                    cluster.restart_orchestrator()  # the policy starts from nothing the other modes taught it
+                # A new replica for adaptive (its policy starts from nothing the other modes taught
+                # it) and for the control (which then measures what a replica just started serves).
+                if args.fresh_adaptive and (mode == cluster_mode(None) or run == CONTROL):
+                    cluster.restart_orchestrator()
                     concurrent_runs(cluster.address, cluster_mode(0), "greedy", prompts[:1], 4, 1, 0)  # warm-up
                 busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
                 runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
@@ -717,8 +720,9 @@ def main() -> None:
                          help="run γ = 0 a second time each round: the bed's own noise at each point, paired as "
                               "adaptive is (an A/A; kept apart from the modes)")
     p_sweep.add_argument("--fresh-adaptive", action="store_true",
-                         help="a new orchestrator before each adaptive run: its policy starts from what it "
-                              "measures itself, not from what the fixed modes before it left on the replica")
+                         help="a new orchestrator before each adaptive run (and the control's): its policy "
+                              "starts from what it measures itself, not from what the fixed modes before it "
+                              "left on the replica")
     p_sweep.add_argument("--out", help="where sweep.{json,md,png} go")
     p_sweep.set_defaults(func=sweep)
     p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead off or for "
