@@ -66,12 +66,6 @@ Alone (one session per pass) this is the session's own speed. With many sessions
 intercepts are shared and only the per-token slopes stay whole: drafting pays when the draft's
 tokens are accepted often enough to beat what verifying them costs everyone.
 
-The sessions per pass are a harmonic mean over the sessions' cycles: a cycle's share of its pass's
-intercept is 1 / k of it, k the pass's sessions, and the mean of 1 / k over the cycles is the
-passes over the rows they ran, so the shares sum to the passes. An arithmetic mean over the cycles
-counts a pass once per session in it: where cohorts of different sizes take turns at a worker
-(drafting, on the test bed's verifier with its head), it priced a share of the intercepts low.
-
 The cluster's time is what the work uses, not what it waited for. A pass costs its device's
 time (the workers' Batching.cost_ms: CPU time on a CPU, wall time on an accelerator). A call
 costs its worker's CPU outside the passes (Batching.handling_ms) and the orchestrator's CPU
@@ -191,10 +185,8 @@ class PoolCosts:
     """What a cycle's work costs the cluster, from the cycles of every session of a replica."""
 
     decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
-    # Sessions per draft pass, a harmonic mean over sessions' cycles (exponentially weighted; -1:
-    # not yet): the mean of a session's share of a pass's intercept is that of 1 / sessions.
-    draft_sessions: float = -1.0
-    verify_sessions: float = -1.0  # sessions per verify pass, likewise
+    draft_sessions: float = -1.0  # sessions per draft pass (exponentially weighted; -1: not yet)
+    verify_sessions: float = -1.0  # sessions per verify pass
     # The most sessions a verify pass has held lately (a decayed maximum): γ = 0's fill where
     # sessions share passes, its cohorts' verifies lining up in one pass (the module's docstring).
     verify_full: float = -1.0
@@ -264,7 +256,7 @@ class PoolCosts:
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
-            self.draft_sessions = _harmonic(self.draft_sessions, passes.sessions / passes.passes, d)
+            self.draft_sessions = _ewma(self.draft_sessions, passes.sessions / passes.passes, d)
             self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d)
             self.draft_call.add(c.gamma, c.draft_call_ms, d)
             self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d)
@@ -275,7 +267,7 @@ class PoolCosts:
             return
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
         fill = passes.sessions / passes.passes
-        self.verify_sessions = _harmonic(self.verify_sessions, fill, d)
+        self.verify_sessions = _ewma(self.verify_sessions, fill, d)
         self.verify_full = fill if fill >= self.verify_full else _ewma(self.verify_full, fill, self.full_decay)
         self.verify_pass.add(passes.tokens / passes.passes, c.verify_cost_ms / passes.passes, d)
         self.verify_call.add(c.gamma, c.verify_call_ms, d)
@@ -535,12 +527,6 @@ def _best(rates: list[float]) -> int:
 def _ewma(old: float, new: float, decay: float) -> float:
     """An exponentially weighted mean; old < 0: none yet, the first value is it."""
     return new if old < 0 else decay * old + (1 - decay) * new
-
-
-def _harmonic(old: float, new: float, decay: float) -> float:
-    """An exponentially weighted harmonic mean (of the sessions per pass, over sessions' cycles:
-    the module's docstring, The load); old < 0: none yet."""
-    return new if old < 0 else 1.0 / _ewma(1.0 / old, 1.0 / new, decay)
 
 
 def _sum_lines(*weighted: tuple[LinearFit, float]) -> tuple[float, float]:

@@ -336,21 +336,6 @@ def test_a_session_is_charged_its_share_of_each_pass(sessions):
     assert shares == pytest.approx(10.0 + 0.5 * sum(g + 1 for g in gammas), rel=1e-6)
 
 
-def test_the_shares_of_passes_of_uneven_fill_sum_to_the_passes():
-    """Cohorts of 2 and 8 sessions in turn, each session's cycle its pass's share: 2 passes a round
-    for 10 cycles, so the sessions per pass are 5 to a cycle's share (the harmonic mean over the
-    cycles), not 6.8 (the arithmetic one, which weights the full pass by its sessions)."""
-    policy = GammaPolicy(costs=replace(GammaPolicy().costs, decay=0.995))
-    for _ in range(1000):
-        for sessions in (2, 8):
-            for _ in range(sessions):
-                policy.observe(loaded_cycle(2, sessions))
-    assert policy.costs.verify_sessions == pytest.approx(5.0, rel=0.02)
-    assert policy.costs.draft_sessions == pytest.approx(5.0, rel=0.02)
-    intercepts = 10 * (policy.costs.verify_ms(2) - 0.5 * 3)  # a round's cycles' shares of the intercept
-    assert intercepts == pytest.approx(2 * 10.0, rel=0.02)
-
-
 def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
     """Alone, drafting amortizes the verify pass's fixed cost; with 32 sessions per pass that
     cost is shared, and a half-accepted draft's tokens cost more to verify than they return."""
