@@ -181,7 +181,9 @@ class SpeculativeLoop:
         first block in the next cycle."""
         if not (self.verifier_drafts or self.drafts.available()) or (s.request.gamma is None and generated == 0):
             return 0
-        wanted = s.request.gamma if s.request.gamma is not None else s.policy.choose(ahead=self._ahead())
+        wanted = s.request.gamma
+        if wanted is None:
+            wanted = s.policy.choose(ahead=self._ahead(), sessions=self.in_flight)
         return max(0, min(wanted, s.request.max_tokens - generated - 1))
 
     async def cycle(self, s: Session, call: "_FirstCall", parent: Context | None = None,
@@ -261,7 +263,7 @@ class SpeculativeLoop:
             costs.guessed = block is not None
         elif ahead_reply and accepted in ahead_reply.answer.anchors:  # … of the recovered token
             costs.recovered = block is not None
-        s.policy.observe(costs, len(new), ahead=self._ahead())
+        s.policy.observe(costs, len(new), ahead=self._ahead(), sessions=self.in_flight)
         following = None if s.finish_reason else self._launch(s, parent, block, holds_block=not laid_out)
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),

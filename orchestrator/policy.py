@@ -3,16 +3,17 @@ session's acceptance (`GammaPolicy`, whose state lives in Redis).
 
 It picks γ in [0, γ_max] to maximize expected tokens per millisecond of the cluster's time,
 
-    S(γ) = E[tokens | γ] / (draft(γ) + verify(γ) + overhead),
+    S(γ) = E[tokens | γ] / (the cluster's time per cycle at γ),
 
-with every cost measured as the session runs, and E[tokens | γ] = Σ_{i=0..γ} P(the block's
-first i tokens accepted) = Σ_i Π_{j≤i} a_j, a_j the acceptance at a block's position j given
-the ones before it. With i.i.d. acceptance (a_j = α) that is (1 − α^(γ+1)) / (1 − α)
-(Leviathan et al. 2023, eq. 1), where the policy starts; it then learns a_j. Acceptance is
-bursty: measured on the shipped pair (greedy, blocks of 8), a_j was 0.70, 0.68, 0.66, 0.80,
-0.85, 0.88, 0.93, 0.95 (a block that has got far is in text the draft follows). The i.i.d. form
-at those blocks' α (0.75, accepted over verified tokens) puts E 11 % too high at γ = 4 and 6 %
-at γ = 8: it overvalues short blocks against long ones, whose last tokens add more than α^j.
+that time worked out from every cost measured as the sessions run (The load, below), and
+E[tokens | γ] = Σ_{i=0..γ} P(the block's first i tokens accepted) = Σ_i Π_{j≤i} a_j, a_j the
+acceptance at a block's position j given the ones before it. With i.i.d. acceptance (a_j = α)
+that is (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, eq. 1), where the policy starts; it then
+learns a_j. Acceptance is bursty: measured on the shipped pair (greedy, blocks of 8), a_j was
+0.70, 0.68, 0.66, 0.80, 0.85, 0.88, 0.93, 0.95 (a block that has got far is in text the draft
+follows). The i.i.d. form at those blocks' α (0.75, accepted over verified tokens) puts E 11 %
+too high at γ = 4 and 6 % at γ = 8: it overvalues short blocks against long ones, whose last
+tokens add more than α^j.
 
 A session's α stands on the replica's (`PairAcceptance`: what every session's cycles have shown
 of this draft against this target, overall and per block position), worth `pair_weight`
@@ -24,10 +25,13 @@ session's evidence fades per cycle, drafted or not: the text moves on while γ =
 α drifts back to the replica's.
 
 γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one cycle drafts
-anyway, so a stale α can recover. A probe after which γ = 0 still wins doubles the session's wait
-for the next one (up to MAX_PROBE_GAP cycles): where drafting does not pay, probes cost what they
-cannot win back. A probe after which drafting wins brings the wait back to `probe_every`. It was
-"accepted a token" once: at T = 1 nearly every probe does, and cohorts probed every 8 cycles at the
+anyway, so a stale α can recover. A probe after which γ = 0 still wins doubles the session's
+wait for the next one (up to MAX_PROBE_GAP cycles): where drafting does not pay, probes cost
+what they cannot win back, and more than a drafting cycle's work: a probe after a long γ-0
+streak catches the draft up on every token since its last (with the verifier's head under load,
+up to 64 cycles between probes cost adaptive 0.91× γ = 0 while it held γ = 0; up to 256, 0.99×).
+A probe after which drafting wins brings the wait back to `probe_every`. It was "accepted a
+token" once: at T = 1 nearly every probe does, and cohorts probed every 8 cycles at the
 verifier's head, where drafting did not pay: with the choice held at γ = 0 (probes only), 0.91×
 γ = 0's tokens/s then, 1.01× now. A draft call answered with no block (an n-gram lookup without
 a match) is a block rejected at its first token (tandem.orchestrator.cycle): taught as a γ-0
@@ -54,17 +58,25 @@ The load. The workers batch: one forward pass runs the steps of every session wa
 and costs about intercept + slope · (its tokens, all sessions'). The workers say, per call, which
 passes it ran in (tandem.wire.worker.Batching); the policy fits that line per worker, and
 charges the session its share of a pass: intercept / (sessions in the pass) + slope · (its own
-tokens). Summed over the sessions of a pass the shares are the pass, so a session that
-maximizes its S maximizes the cluster's tokens per second, not its own at the others' expense:
+tokens), so that the shares of a pass sum to the pass. A cycle's work so falls on three
+stations, each of which runs one thing at a time (`PoolCosts.stations`):
 
-    draft(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call(γ)  (γ > 0; times
-               the chance that the block was not drafted ahead, alone)
-    verify(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call(γ)
-    overhead = orchestrator CPU(γ) + latency(γ) / verify sessions
+    verifier(γ) = verify intercept / verify sessions + verify slope · (γ + 1) + verify call(γ)
+    drafter(γ) = γ · (draft intercept / draft sessions + draft slope) + draft call(γ)  (γ > 0; times
+                 the chance that the block was not drafted ahead, alone; the verifier's work
+                 where the verifier drafts, with its head)
+    replica(γ) = orchestrator CPU(γ)
 
-Alone (one session per pass) this is the session's own speed. With many sessions the
-intercepts are shared and only the per-token slopes stay whole: drafting pays when the draft's
-tokens are accepted often enough to beat what verifying them costs everyone.
+and its latency(γ) uses none of them (below). The sessions in flight cycle through the stations
+as a closed network, and the policy maximizes E[tokens | γ] times the network's cycles per ms,
+by exact mean-value analysis (`closed_loop_ms`; the sessions are the loop's in flight, or as
+many as the verifier's passes hold where that is more). Alone that is E / (work + latency), the
+session's own speed, and γ rightly climbs to amortize the latency. With many sessions the
+busiest station's queue hides the latency and S tends to E / that station's work per cycle:
+drafting pays when the draft's tokens are accepted often enough to beat what verifying them
+(and drafting them, where the verifier drafts) costs the busiest station, while a draft
+worker's steps run on a device of its own. Between the two the analysis has the knee, where
+queueing begins.
 
 The cluster's time is what the work uses, not what it waited for. A pass costs its device's
 time (the workers' Batching.cost_ms: CPU time on a CPU, wall time on an accelerator). A call
@@ -77,10 +89,25 @@ was most of a cycle at 64 sessions on 2 cores, and made γ climb to amortize a c
 there (adaptive γ fell below γ = 0 there).
 
 Latency (what a cycle's calls and orchestration took beyond their CPU: the network, waits for
-the loop or a core) uses nothing, but it is the session's own time: alone, a session's speed
-is E / its wall time, and γ rightly climbs to amortize it. It is charged like a pass's
-intercept, shared by the sessions of a verify pass: whole alone (the session's own speed), a
-small part when many sessions keep the cluster busy through it (its work: throughput).
+the loop or a core) uses no station: it is the time a session spends away from them. Charged as
+a pass's intercept is, shared by the sessions of a verify pass, it priced the verifier's head at
+T = 1 on the test bed (0 ms, 8 in flight) as drafting's: in a drafting regime a cycle waited
+6.9 ms beyond its CPU, against γ = 0's 2.6 (the event loops at both ends, not the network), and
+the latency line, flat at the drafting regime's, priced γ = 1 and 2 at 1.11–1.15× γ = 0 where
+they served 0.83–0.87×; adaptive served 0.87× γ = 0. In the closed network the verifier's queue
+hides it, and adaptive holds γ = 0 there (benchmarks/README.md, "The policy under load").
+
+A round's sessions choose from one answer (`PoolCosts.memo`, kept until the replica has
+observed as many cycles as sessions are in flight). Under load a cohort's sessions run their
+cycles one after another in one turn of the replica's event loop, so a choice's CPU holds the
+turn's calls once per session: at 0.1 ms a choice (the analysis for every γ), the turn took
+0.8 ms more at 8 in flight, and adaptive served 0.90× γ = 0 holding γ = 0.
+
+The start. Before both workers are measured a session drafts initial_gamma alone. With others in
+flight the first costs a replica measures are those of the regime it starts in, and a start at
+initial_gamma held the head at γ 2–3 for the first second of a fresh replica at 0 ms, where
+γ = 0 is best. So there it runs γ = 0 for its first probe_every rounds of steady cycles
+(`CohortProbes.steady`), then a probe of one token until the draft's costs are measured.
 
 Cohorts. Under load, sessions move together: those answered together run their cycles in one
 turn and send their next calls as one batched call (tandem.orchestrator.turns), which a draft
@@ -106,11 +133,7 @@ sessions the verifier's passes have held lately (`PoolCosts.verify_full`, a maxi
 1 % a cycle observed), drafting's at the passes as measured. Priced both at the drafting
 regime's fill, γ = 0 lost to drafting that served less: the verifier's head at T = 1, 8 in flight
 on the test bed, its passes holding 5.9–6.6 sessions drafting and 7.3–7.6 at γ = 0, adaptive
-served 0.86× γ = 0's tokens/s at a mean γ of 1.7; now 0.92× where the replica's state came from
-fixed-γ runs first, and 0.87× from a fresh replica, whose first cycles' drafting regime holds
-itself (benchmarks/README.md, "Why the costs cannot settle it"). Latency stays shared at the
-passes as measured: shared at the fuller passes too, it drew the draft model across a 20 ms link to
-γ = 0 in some of its cycles (mean γ 3.8–4.1 against 6.0–6.7), where γ = 4 serves 1.4× γ = 0.
+served 0.86× γ = 0's tokens/s at a mean γ of 1.7.
 
 A call's costs besides the passes (its worker's CPU, the orchestrator's, its latency) are lines
 in γ too: sampled, every drafted token brings its distribution (the vocabulary's probabilities)
@@ -142,12 +165,14 @@ from tandem.wire.worker import Batching
 # block's last token too after a full accept; the verifier gets the recovered or bonus token.
 STEADY_DRAFT_FED = 2
 STEADY_VERIFY_FED = 1
-# The longest wait, in γ-0 cycles, for a probe after probes that accepted nothing.
-MAX_PROBE_GAP = 64
+# The longest wait, in γ-0 cycles, for a probe after probes that did not make drafting win.
+MAX_PROBE_GAP = 256
 # Blocks' worth of the pair's overall acceptance behind each position's.
 POSITION_WEIGHT = 4.0
 # Sessions per verify pass above which sessions draft as a cohort (the module's docstring).
 SHARED_PASS = 1.5
+# The busiest station's utilization past which more sessions only queue (closed_loop_ms).
+SATURATED = 0.99
 # What is a session's own (stored with it, forgotten by a new one): its acceptance, and its shapes'
 # rates (tokens per ms) that came of it.
 ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "probe_gap": 0, "chain_tokens": 0.0,
@@ -191,6 +216,10 @@ class PoolCosts:
     # sessions share passes, its cohorts' verifies lining up in one pass (the module's docstring).
     verify_full: float = -1.0
     full_decay: float = 0.99
+    drafts_on_verifier: bool = False  # the verifiers draft (their head): drafting's work is theirs
+    seen: int = 0  # cycles observed
+    # cycles_ms's last answer without drafting ahead: ((top, sessions), seen then, the cycles).
+    memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # Each worker's cost of one pass against the tokens it ran (every session's).
     draft_pass: LinearFit = field(default_factory=LinearFit)
     verify_pass: LinearFit = field(default_factory=LinearFit)
@@ -230,29 +259,52 @@ class PoolCosts:
             return max(self.verify_full, self.verify_sessions, 1.0)
         return max(self.verify_sessions, 1.0)
 
-    def cycle_ms(self, gamma: int) -> float:
-        return self.cycles_ms(gamma)[gamma]
+    def cycle_ms(self, gamma: int, sessions: int = 1) -> float:
+        return self.cycles_ms(gamma, sessions=sessions)[gamma]
 
-    def cycles_ms(self, top: int, ahead: list[float] | None = None) -> list[float]:
-        """A session's cycle at γ = 0, 1, …, top: its share of the passes, the calls and the latency
-        (each line read once a call, not once a γ: a policy asks for every γ each cycle).
-        ahead[γ]: the probability that a γ block was drafted ahead (no draft call), else 0."""
-        drafting = self.fill(1)
-        share = 1.0 / drafting  # latency is shared like a pass's intercept, at the passes measured
+    def cycles_ms(self, top: int, ahead: list[float] | None = None, sessions: int = 1) -> list[float]:
+        """The cluster's time per cycle at γ = 0, 1, …, top, with `sessions` cycling at once (the
+        replica's, or more where the verifier's passes hold more): 1 / the cycles per ms of the
+        closed network its work and latency make (`closed_loop_ms`). Alone, a session's own cycle;
+        where the busiest station saturates, that station's work per cycle. Each line is read once
+        a call, not once a γ: a policy asks for every γ each cycle. ahead[γ]: the probability that
+        a γ block was drafted ahead (no draft call), else 0."""
+        n = max(sessions, round(self.verify_sessions), 1)
+        if ahead is None and self.memo and self.memo[0] == (top, n) and self.seen - self.memo[1] < n:
+            return self.memo[2]  # a round's sessions choose from one answer: its cost is the turn's
+        verifier, drafter, replica, think = self.stations(top, ahead)
+        cycles = [closed_loop_ms((verifier[g], drafter[g], replica[g]), think[g], n) for g in range(top + 1)]
+        if ahead is None:
+            self.memo = ((top, n), self.seen, cycles)
+        return cycles
+
+    def stations(self, top: int, ahead: list[float] | None = None) -> tuple[list[float], ...]:
+        """A session's cycle at γ = 0 … top as (verifier, drafter, replica, latency): its work at
+        each station (its share of the passes and its calls' CPU, the drafting's at the verifier
+        where the verifier drafts) and its latency, which uses no station."""
         intercept, slope = self.verify_pass.line()  # each drafted token adds to the verify pass
-        v0, v1 = _sum_lines((self.verify_call, 1.0), (self.overhead, 1.0), (self.latency, share))
-        fills = [self.fill(0)] + [drafting] * top
-        verify = [intercept / fills[g] + slope + v0 + (slope + v1) * g for g in range(top + 1)]
-        if not top:
-            return verify
+        fills = [self.fill(0)] + [self.fill(1)] * top
+        call = _along(self.verify_call, top)
+        verifier = [intercept / fills[g] + slope * (g + 1) + call[g] for g in range(top + 1)]
+        replica, think, drafter = _along(self.overhead, top), _along(self.latency, top), [0.0] * (top + 1)
         draft_token = self.draft_ms_per_token()
-        d0, d1 = _sum_lines((self.draft_call, 1.0), (self.draft_overhead, 1.0), (self.draft_latency, share))
-        missed = [1.0 - ahead[g] for g in range(top + 1)] if ahead else [1.0] * (top + 1)
-        return [verify[0]] + [missed[g] * (g * (draft_token + d1) + d0) + verify[g] for g in range(1, top + 1)]
+        draft_call, draft_overhead = _along(self.draft_call, top), _along(self.draft_overhead, top)
+        draft_latency = _along(self.draft_latency, top)
+        for g in range(1, top + 1):
+            missed = 1.0 - ahead[g] if ahead else 1.0
+            work = missed * (g * draft_token + draft_call[g])
+            if self.drafts_on_verifier:
+                verifier[g] += work
+            else:
+                drafter[g] += work
+            replica[g] += missed * draft_overhead[g]
+            think[g] += missed * draft_latency[g]
+        return verifier, drafter, replica, think
 
     def observe(self, c: CycleCosts) -> None:
         """Fold one cycle's costs into the estimates."""
         d = self.decay
+        self.seen += 1
         if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
@@ -330,6 +382,7 @@ class CohortProbes:
     gap: int = 0  # the replica's cycles between probes (0: probe_every)
     cycle_ms: float = -1.0  # the replica's steady cycles' wall time, decayed mean (-1: none yet)
     decay: float = 0.9
+    steady: int = 0  # the replica's steady cycles so far
 
     def due(self) -> bool:
         return self.clock() >= self.due_at
@@ -337,6 +390,7 @@ class CohortProbes:
     def cycled(self, wall_ms: float) -> None:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
         self.cycle_ms = _ewma(self.cycle_ms, wall_ms, self.decay)
+        self.steady += 1
 
     def drafted(self, wins: Callable[[], bool], cycle_ms: float, every: int) -> None:
         """A drafting cycle of any session came back, after `cycle_ms` (the gap's cycle until a
@@ -422,29 +476,37 @@ class GammaPolicy:
         return [survival[g] * bonus + (1.0 - survival[min(g, self.ahead_rejections)]) * recovered if g else 0.0
                 for g in range(len(survival))]
 
-    def tokens_per_ms(self, gamma: int, ahead: bool = False) -> float:
-        return self.rates(gamma, ahead)[gamma]
+    def tokens_per_ms(self, gamma: int, ahead: bool = False, sessions: int = 1) -> float:
+        return self.rates(gamma, ahead, sessions)[gamma]
 
-    def rates(self, top: int, ahead: bool = False) -> list[float]:
-        """Expected tokens per ms of a session's share of the cluster, per γ ≤ top; ahead: its loop
-        drafts ahead."""
+    def rates(self, top: int, ahead: bool = False, sessions: int = 1) -> list[float]:
+        """Expected tokens per ms of the cluster's time, per γ ≤ top, with `sessions` in flight in
+        the loop; ahead: the loop drafts ahead."""
         survival = self.survival(top)
-        cycles = self.costs.cycles_ms(top, self.ahead_rates(survival) if ahead else None)
+        cycles = self.costs.cycles_ms(top, self.ahead_rates(survival) if ahead else None, sessions)
         return [tokens / max(ms, 1e-6) for tokens, ms in zip(accumulate(survival), cycles)]
 
-    def choose(self, limit: int | None = None, ahead: bool = False) -> int:
+    def choose(self, limit: int | None = None, ahead: bool = False, sessions: int = 1) -> int:
         """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1); ahead: the loop
-        drafts ahead during this session's verifies."""
+        drafts ahead during this session's verifies; sessions: its sessions in flight."""
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
         if not self.costs.measured:
             self.rates_seen = ()
-            return min(self.initial_gamma, top)
-        rates = self.rates(top, ahead)
+            return min(self._first_gamma(sessions), top)
+        rates = self.rates(top, ahead, sessions)
         self.rates_seen = tuple(rates)
         gamma = _best(rates)
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)
         return gamma
+
+    def _first_gamma(self, sessions: int) -> int:
+        """γ before both workers are measured: alone, initial_gamma; with others in flight, γ = 0
+        for the replica's first probe_every rounds of steady cycles, then a probe of one token
+        until the draft's costs are measured (the module's docstring, The start)."""
+        if sessions <= 1:
+            return self.initial_gamma
+        return int(self.probes.steady >= self.probe_every * sessions)
 
     def _probe_due(self) -> bool:
         """Whether a cycle where γ = 0 wins drafts anyway: where sessions share passes, when the
@@ -464,9 +526,9 @@ class GammaPolicy:
             return not tree_wins
         return tree_wins
 
-    def observe(self, c: CycleCosts, output_tokens: int = 0, ahead: bool = False) -> None:
+    def observe(self, c: CycleCosts, output_tokens: int = 0, ahead: bool = False, sessions: int = 1) -> None:
         """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
-        session's estimates and the replica's costs; ahead: the loop drafts ahead (as for choose)."""
+        session's estimates and the replica's costs; ahead and sessions: as for choose."""
         probed = bool(c.gamma) and self.zero_streak + 1 >= (self.probe_gap or self.probe_every)
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         # Evidence fades per cycle, drafted or not (the module's docstring).
@@ -481,16 +543,16 @@ class GammaPolicy:
         self._observe_shape(c, output_tokens)
         self.pair.observe(c.accepted, c.gamma, c.guessed, c.recovered)
         # Asked only of a probe's outcome (the session's, the cohort's), and once: rates cost CPU.
-        wins = cache(partial(self._drafting_wins, ahead))
+        wins = cache(partial(self._drafting_wins, ahead, sessions))
         if probed:
             self.probe_gap = 0 if wins() else min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
         self.probes.drafted(wins, c.wall_ms, self.probe_every)
 
-    def _drafting_wins(self, ahead: bool) -> bool:
+    def _drafting_wins(self, ahead: bool, sessions: int) -> bool:
         """Whether choose, probes aside, would draft now."""
         if not self.costs.measured:
             return self.initial_gamma > 0
-        return _best(self.rates(self.max_gamma, ahead)) > 0
+        return _best(self.rates(self.max_gamma, ahead, sessions)) > 0
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:
@@ -529,10 +591,29 @@ def _ewma(old: float, new: float, decay: float) -> float:
     return new if old < 0 else decay * old + (1 - decay) * new
 
 
-def _sum_lines(*weighted: tuple[LinearFit, float]) -> tuple[float, float]:
-    """Σ weight · line, as (intercept, slope)."""
-    lines = [(fit.line(), weight) for fit, weight in weighted]
-    return sum(w * a for (a, _), w in lines), sum(w * b for (_, b), w in lines)
+def _along(fit: LinearFit, top: int) -> list[float]:
+    """The fit's line at 0, 1, …, top, read once."""
+    intercept, slope = fit.line()
+    return [intercept + slope * g for g in range(top + 1)]
+
+
+def closed_loop_ms(demands: tuple[float, ...], think_ms: float, sessions: int) -> float:
+    """1 / the cycles per ms of `sessions` sessions cycling at once through stations that each
+    take demands[k] ms of a cycle's work, one cycle after another, and a latency of think_ms that
+    uses none: exact mean-value analysis of the closed network (Reiser and Lavenberg 1980). One
+    session: the sum of it all; many: the busiest station's demand, once its queue hides the
+    latency. It stops adding sessions once the busiest station is within SATURATED of full: those
+    past it only queue (and would cost the policy CPU in every choice)."""
+    demands = [d for d in demands if d > 0.0] or [0.0]
+    queues = [0.0] * len(demands)
+    busiest = max(demands)
+    for n in range(1, sessions + 1):
+        residence = [d * (1.0 + q) for d, q in zip(demands, queues)]
+        cycle = think_ms + sum(residence)
+        if n * busiest >= SATURATED * cycle:
+            break
+        queues = [n * r / cycle for r in residence]
+    return max(cycle / n, 1e-9)
 
 
 def _passes(reported: Batching | None, passes: int, tokens: int) -> Batching:

@@ -9,7 +9,8 @@ import pytest
 
 from tandem.math.analytic import analytic_speedup, best_gamma, expected_tokens
 from tandem.math.fit import LinearFit
-from tandem.orchestrator.policy import ACCEPTANCE, MAX_PROBE_GAP, CohortProbes, CycleCosts, GammaPolicy
+from tandem.orchestrator.policy import (ACCEPTANCE, MAX_PROBE_GAP, CohortProbes, CycleCosts, GammaPolicy,
+                                        closed_loop_ms)
 from tandem.wire.worker import Batching
 
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
@@ -86,8 +87,10 @@ def brute_force_choice(policy: GammaPolicy, top: int) -> int:
     return rates.index(max(rates))
 
 
-def trained(cycle, gammas) -> GammaPolicy:
+def trained(cycle, gammas, on_verifier: bool = False) -> GammaPolicy:
+    """A policy that observed these cycles; on_verifier: the verifier drafts (its head)."""
     policy = GammaPolicy(probes=CohortProbes(clock=lambda: 0.0))  # time stands still: no cohort probe falls due
+    policy.costs.drafts_on_verifier = on_verifier
     for g in gammas:
         policy.observe(cycle(g))
     return policy
@@ -106,6 +109,26 @@ def test_defaults_and_initial_gamma_before_measurements():
     policy.observe(costly_bad_cycle(0))
     assert policy.costs.verify_pass.n > 0 and policy.costs.draft_pass.n == 0
     assert policy.choose() == 4
+
+
+def test_under_load_a_new_replica_starts_at_gamma_0_and_then_probes_one_token():
+    """With others in flight, the first costs a replica measures are those of the regime it
+    starts in: γ = 0 for its first probe_every rounds of steady cycles, then a probe of one token
+    until the draft's costs are measured; alone, the initial γ as ever."""
+    replica = GammaPolicy(probes=CohortProbes(clock=lambda: 0.0))
+    session = replica.for_session()
+    assert session.choose(sessions=1) == replica.initial_gamma and session.choose(sessions=8) == 0
+    for _ in range(replica.probe_every * 8 - 1):
+        session.observe(loaded_cycle(0, 8))
+    assert session.choose(sessions=8) == 0
+    session.observe(replace(loaded_cycle(0, 8), verify_fed=40))  # a prefill is no steady cycle
+    assert session.choose(sessions=8) == 0
+    session.observe(loaded_cycle(0, 8))
+    assert session.choose(sessions=8) == 1
+    session.observe(replace(loaded_cycle(1, 8), draft_fed=40))  # the probe's draft catches up: not measured
+    assert not replica.costs.measured and session.choose(sessions=8) == 1
+    session.observe(loaded_cycle(1, 8))
+    assert replica.costs.measured
 
 
 def test_high_acceptance_and_cheap_draft_picks_large_gamma():
@@ -204,10 +227,11 @@ def test_probes_that_do_not_make_drafting_pay_come_ever_more_rarely_until_one_do
         policy.observe(cycle(gamma))
         return wait
 
-    assert [probe(costly_bad_cycle) for _ in range(6)] == [7, 15, 31, 63, 63, 63]  # the probes accept nothing
+    waits = [2 ** k * policy.probe_every - 1 for k in range(6)]  # 7, 15, … , 255
+    assert [probe(costly_bad_cycle) for _ in range(8)] == waits + [MAX_PROBE_GAP - 1] * 2  # they accept nothing
     assert policy.to_dict()["probe_gap"] == MAX_PROBE_GAP  # stored with the session
     assert GammaPolicy().for_session(policy.to_dict()).probe_gap == MAX_PROBE_GAP
-    assert probe(lambda g: replace(costly_bad_cycle(g), accepted=1)) == 63  # a token; the draft still costs more
+    assert probe(lambda g: replace(costly_bad_cycle(g), accepted=1)) == MAX_PROBE_GAP - 1  # a token; still dear
     assert policy.probe_gap == MAX_PROBE_GAP and policy.choose() == 0
     # The draft turns cheap and right: each probe teaches it, the first one after which it wins
     # brings the wait back to probe_every and drafting goes on.
@@ -338,16 +362,30 @@ def test_a_session_is_charged_its_share_of_each_pass(sessions):
 
 def test_drafting_that_pays_alone_is_dropped_under_load_and_resumed_after():
     """Alone, drafting amortizes the verify pass's fixed cost; with 32 sessions per pass that
-    cost is shared, and a half-accepted draft's tokens cost more to verify than they return."""
-    alone = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
+    cost is shared, and where the verifier drafts too, a half-accepted draft's tokens cost the
+    saturated verifier more than they return."""
+    alone = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4, on_verifier=True)
     assert alone.choose() > 0 and alone.choose() == brute_force_choice(alone, alone.max_gamma)
-    loaded = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4)
+    loaded = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4, on_verifier=True)
     assert loaded.alpha == pytest.approx(alone.alpha)
     assert loaded.choose() == brute_force_choice(loaded, loaded.max_gamma) < alone.choose()
     for i in range(120):  # the load goes: once the passes are no longer shared, γ = 0 is priced alone
         g = loaded.choose()  # (every other drafted token accepted, counted across cycles: α = 0.5 at γ = 1 too)
         loaded.observe(replace(loaded_cycle(g, 1), accepted=(g * (i + 1)) // 2 - (g * i) // 2))
     assert not loaded.costs.shared and loaded.choose() > 0
+
+
+def test_a_draft_workers_steps_are_its_own_devices_time():
+    """With 32 sessions per pass and no latency the verifier is saturated. A draft worker's steps
+    run on a device of its own meanwhile, so drafting pays what it adds to the verify pass
+    alone; the same steps on the verifier (its head) cost it more than they return."""
+    worker = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4)
+    head = trained(lambda g: loaded_cycle(g, 32), [2, 4, 1, 3] * 4, on_verifier=True)
+    assert worker.choose() == brute_force_choice(worker, worker.max_gamma) > 0
+    assert head.choose() == 0
+    verifier, drafter, replica, _ = worker.costs.stations(2)
+    assert drafter[0] == 0.0 and drafter[2] == pytest.approx(2 * worker.costs.draft_ms_per_token() + 0.3, rel=1e-6)
+    assert head.costs.stations(2)[0][2] == pytest.approx(verifier[2] + drafter[2], rel=1e-6)
 
 
 def test_gamma_0_is_priced_at_the_passes_its_cohort_merges_into():
@@ -403,8 +441,52 @@ def test_latency_is_the_sessions_own_time_alone_and_shared_under_load():
     quick = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
     assert alone.costs.latency.at(3) == pytest.approx(40.0, rel=0.05) and alone.choose() > quick.choose() > 0
     loaded = trained(lambda g: waiting(loaded_cycle(g, 32)), [2, 4, 1, 3] * 4)
-    assert loaded.costs.cycle_ms(0) == pytest.approx(10.0 / 32 + 0.5 + 0.3 + 0.5 + 40.0 / 32, rel=1e-3)
+    verifier = 10.0 / 32 + 0.5 + 0.3
+    assert loaded.costs.cycle_ms(0) == pytest.approx(closed_loop_ms((verifier, 0.0, 0.5), 40.0, 32), rel=1e-3)
+    assert verifier < loaded.costs.cycle_ms(0) < (40.0 + verifier + 0.5) / 32 + verifier
     assert loaded.choose() == brute_force_choice(loaded, loaded.max_gamma) < alone.choose()
+
+
+def test_a_rounds_sessions_choose_from_one_answer():
+    """Under load the cycles' prices are worked out once a round (as many cycles observed as
+    sessions in flight): a cohort's sessions choose one after another in one turn of the replica's
+    loop, and each working them out again held the turn's calls. Alone, every cycle."""
+    loaded = trained(lambda g: loaded_cycle(g, 8), [2, 4, 1, 3] * 4)
+    first = loaded.costs.cycles_ms(8, sessions=8)
+    dear = replace(loaded_cycle(0, 8), verify_cost_ms=200.0)
+    for _ in range(7):
+        loaded.observe(dear)
+        assert loaded.costs.cycles_ms(8, sessions=8) is first
+    loaded.observe(dear)
+    assert loaded.costs.cycles_ms(8, sessions=8)[0] > first[0]
+    alone = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
+    before = alone.costs.cycles_ms(8)
+    alone.observe(replace(loaded_cycle(0, 1), verify_cost_ms=200.0))
+    assert alone.costs.cycles_ms(8)[0] > before[0]
+
+
+def machine_repairman_ms(demand: float, think: float, sessions: int) -> float:
+    """1 / throughput of one exponential station and a think time (the machine repairman model),
+    in closed form: X = (1 − p0) / D, p0 = 1 / Σ_k N! / (N − k)! · (D / Z)^k."""
+    terms, term = [1.0], 1.0
+    for k in range(1, sessions + 1):
+        term *= (sessions - k + 1) * demand / think
+        terms.append(term)
+    return demand / (1.0 - 1.0 / sum(terms))
+
+
+@pytest.mark.parametrize("demand, think, sessions", [(1.0, 4.0, 1), (1.0, 4.0, 8), (0.3, 40.0, 32), (2.0, 1.0, 5)])
+def test_closed_loop_time_is_the_machine_repairman_models(demand, think, sessions):
+    """Mean-value analysis is exact for one station and a think time: its closed form. One
+    session's is its whole cycle; many sessions' approach the station's demand."""
+    assert closed_loop_ms((demand,), think, sessions) == pytest.approx(machine_repairman_ms(demand, think, sessions),
+                                                                       rel=0.01)
+    assert closed_loop_ms((demand, 0.5, 0.0), think, 1) == pytest.approx(think + demand + 0.5)
+
+
+def test_closed_loop_time_is_the_busiest_stations_once_it_saturates():
+    assert closed_loop_ms((1.0, 0.25), 2.0, 64) == pytest.approx(1.0, rel=0.011)
+    assert closed_loop_ms((1.0, 0.25), 2.0, 2) > (2.0 + 1.25) / 2
 
 
 def test_sessions_that_share_passes_draft_one_gamma_as_a_cohort(monkeypatch):
@@ -439,6 +521,7 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     Alone, each session keeps its own streak."""
     now = [0.0]
     replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    replica.costs.drafts_on_verifier = True  # its steps queue with the verifies: drafting at a loss costs
     cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)  # 8 sessions a pass, the draft lost
     for g in [4, 2, 4, 6] * 4:
         replica.for_session().observe(cycle(g))
@@ -481,6 +564,7 @@ def test_a_cohort_probe_whose_draft_caught_up_for_long_does_not_push_the_next_on
     took 2 s, and timed by it the next probe fell due 2 · probe_every · 2 s on."""
     now = [0.0]
     replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    replica.costs.drafts_on_verifier = True  # its steps queue with the verifies: drafting at a loss costs
     cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)
     for g in [4, 2, 4, 6] * 4:
         replica.for_session().observe(cycle(g))
@@ -691,9 +775,9 @@ def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
     policy = trained(lambda g: cpu(loaded_cycle(g, 4)), [0, 2, 4, 0, 1, 3] * 4)
     costs = policy.costs
     assert costs.overhead.at(3) == pytest.approx(1.0) and costs.draft_overhead.at(3) == pytest.approx(0.5)
-    cycles = costs.cycles_ms(3)
-    unaware = replace(costs, draft_overhead=LinearFit()).cycles_ms(3)
-    assert cycles[0] == unaware[0] and all(c == pytest.approx(u + 0.5) for c, u in zip(cycles[1:], unaware[1:]))
+    replica = costs.stations(3)[2]
+    unaware = replace(costs, draft_overhead=LinearFit()).stations(3)[2]
+    assert replica[0] == unaware[0] and all(c == pytest.approx(u + 0.5) for c, u in zip(replica[1:], unaware[1:]))
 
 
 def test_a_call_without_a_batching_report_counts_as_alone():
