@@ -271,7 +271,7 @@ class PoolCosts:
         a γ block was drafted ahead (no draft call), else 0."""
         n = max(sessions, round(self.verify_sessions), 1)
         if ahead is None and self.memo and self.memo[0] == (top, n) and self.seen - self.memo[1] < n:
-            return self.memo[2]  # a round's sessions choose from one answer: its cost is the turn's
+            return self.memo[2]  # a round's sessions choose from one answer (the module's docstring)
         verifier, drafter, replica, think = self.stations(top, ahead)
         cycles = [closed_loop_ms((verifier[g], drafter[g], replica[g]), think[g], n) for g in range(top + 1)]
         if ahead is None:
