@@ -282,10 +282,8 @@ class PoolCosts:
         """A session's cycle at γ = 0 … top as (verifier, drafter, replica, latency): its work at
         each station (its share of the passes and its calls' CPU, the drafting's at the verifier
         where the verifier drafts) and its latency, which uses no station."""
-        intercept, slope = self.verify_pass.line()  # each drafted token adds to the verify pass
-        fills = [self.fill(0)] + [self.fill(1)] * top
         call = _along(self.verify_call, top)
-        verifier = [intercept / fills[g] + slope * (g + 1) + call[g] for g in range(top + 1)]
+        verifier = [self.verify_ms(g) + call[g] for g in range(top + 1)]  # each drafted token adds to the pass
         replica, think, drafter = _along(self.overhead, top), _along(self.latency, top), [0.0] * (top + 1)
         draft_token = self.draft_ms_per_token()
         draft_call, draft_overhead = _along(self.draft_call, top), _along(self.draft_overhead, top)
