@@ -123,7 +123,10 @@ as long. They probe together too (CohortProbes), on the replica's schedule rathe
 its own streak: a session that probes alone lags its cohort by a draft call and splits off into
 passes of its own. With n-gram drafts on held-out code (γ = 0 best) at 8 in flight, sessions
 probing alone held the verifier's passes at 6.3–6.7 sessions against γ = 0's 7.5–7.9 and served
-0.78–0.95× its tokens/s; probing together, 0.99×.
+0.78–0.95× its tokens/s; probing together, 0.99×. A probe lasts the turn it began in: where the
+verifier drafts, a session chooses its next γ as it sends the verify that drafts it, before its
+probe's outcome is back, and a probe held due until then ran two rounds of the cohort (16
+drafting cycles at 8 in flight, 8 now).
 
 Each arm at its own fill. A drafting cohort's round is a verify pass and a drafting one (a draft
 worker's, or the verifier's own head steps), and cohorts that reached the workers a pass apart
@@ -368,22 +371,37 @@ class CohortProbes:
     """When sessions that share passes probe: together, on the replica's schedule (the module's
     docstring, Cohorts). A probe is due `gap` of the replica's cycles after its last drafting
     cycle, counted in time (the replica's steady cycles' mean wall time) so that it starts with a
-    turn of the event loop, whose sessions all choose then, rather than inside one; it stays due
-    until a drafting cycle comes back, the first of which sets the gap: probe_every again when
-    drafting wins after it, doubled (at most MAX_PROBE_GAP) when γ = 0 still does. Steady cycles only:
-    a probe whose draft catches up on a long γ-0 streak, or a cycle that prefills, lasts many
-    cycles, and timing the gap by it would push the next probe out in proportion (seconds at a
-    gap of 64)."""
+    turn of the event loop, whose sessions all choose then, rather than inside one. It lasts that
+    turn (half a cycle from its first choice, or until its first outcome is back), so that a
+    session probes once: where the verifier drafts, a session chooses its next γ before its
+    probe's outcome is back, and a probe held due until then ran two rounds. Its first outcome
+    sets the gap: probe_every again when drafting wins after it, doubled (at most MAX_PROBE_GAP)
+    when γ = 0 still does; with no outcome back (its sessions ended), the next probe falls due a
+    gap after it began. Steady cycles only: a probe whose draft catches up on a long γ-0 streak,
+    or a cycle that prefills, lasts many cycles, and timing the gap by it would push the next
+    probe out in proportion (seconds at a gap of 64)."""
 
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)  # seconds
     due_at: float = 0.0  # on the clock: sessions that share passes probe from then on
+    ends_at: float = -1.0  # on the clock: the probe under way lasts until then
+    awaiting: bool = False  # a probe began whose first outcome is not back yet
     gap: int = 0  # the replica's cycles between probes (0: probe_every)
     cycle_ms: float = -1.0  # the replica's steady cycles' wall time, decayed mean (-1: none yet)
     decay: float = 0.9
     steady: int = 0  # the replica's steady cycles so far
 
     def due(self) -> bool:
-        return self.clock() >= self.due_at
+        now = self.clock()
+        return now < self.ends_at or now >= self.due_at
+
+    def began(self, every: int) -> None:
+        """A session probes: the probe's turn starts now unless it is under way."""
+        now = self.clock()
+        if now < self.ends_at:
+            return
+        self.ends_at = now + max(self.cycle_ms, 0.0) / 2e3
+        self.awaiting = True
+        self.due_at = now + (self.gap or every) * max(self.cycle_ms, 0.0) / 1e3
 
     def cycled(self, wall_ms: float) -> None:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
@@ -394,8 +412,9 @@ class CohortProbes:
         """A drafting cycle of any session came back, after `cycle_ms` (the gap's cycle until a
         steady one has been seen); wins(): whether drafting wins now, with what it taught."""
         now = self.clock()
-        if now >= self.due_at:  # the first outcome of a due probe (or of drafting after a pause)
+        if self.awaiting or now >= self.due_at:  # a probe's first outcome (or drafting's after a pause)
             self.gap = 0 if wins() else min(2 * (self.gap or every), MAX_PROBE_GAP)
+            self.awaiting, self.ends_at = False, -1.0
         per_cycle = self.cycle_ms if self.cycle_ms >= 0 else cycle_ms
         self.due_at = now + (self.gap or every) * per_cycle / 1e3
 
@@ -496,6 +515,8 @@ class GammaPolicy:
         gamma = _best(rates)
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)
+            if self.costs.shared:
+                self.probes.began(self.probe_every)
         return gamma
 
     def _first_gamma(self, sessions: int) -> int:

@@ -583,6 +583,29 @@ def test_a_cohort_probe_whose_draft_caught_up_for_long_does_not_push_the_next_on
     assert session.choose() > 0
 
 
+
+def test_a_cohort_probe_lasts_one_turn():
+    """Where the verifier drafts, a session chooses its next γ before its probe's outcome is back:
+    a probe held due until then ran two rounds. It lasts the turn it began in (half a cycle); a
+    probe whose outcome never comes back (its sessions ended) is followed by the next one a gap
+    after it began."""
+    now = [0.0]
+    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    replica.costs.drafts_on_verifier = True
+    cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)
+    for g in [4, 2, 4, 6] * 4:
+        replica.for_session().observe(cycle(g))
+    cohort = [replica.for_session() for _ in range(8)]
+    now[0] = replica.probes.due_at
+    assert all(s.choose() > 0 for s in cohort)  # one turn: all of them
+    now[0] += 0.005
+    assert all(s.choose() > 0 for s in cohort)  # still the turn (half a cycle of 20 ms)
+    began = now[0] - 0.005
+    now[0] = began + 0.020  # the next round: the probe's outcome is not back, and no one probes again
+    assert [s.choose() for s in cohort] == [0] * 8
+    now[0] = began + (replica.probes.gap or replica.probe_every) * 0.020  # none came back
+    assert all(s.choose() > 0 for s in cohort)
+
 # --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
 
 
