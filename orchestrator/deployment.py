@@ -88,7 +88,7 @@ class GenerationService:
                                     draft_ahead=self.config.draft_ahead, verifier_wait_s=self.config.verifier_wait_s,
                                     verifier_drafts=bool(target_info.drafter), ahead_guesses=self.config.ahead_guesses,
                                     ahead_rejections=self.config.ahead_rejections)
-        self._policy.costs.drafts_on_verifier = bool(target_info.drafter)
+        self._policy.costs.drafts_on_verifier = self.loop.verifier_drafts
         self.model = Path(target_info.model).name  # gen_ai.request.model and the OpenAI API's model id
         metrics.serve_model(self.model)
         drafter = f"{target_info.drafter} {target_info.draft_model} in the verifier" if target_info.drafter else \

@@ -401,7 +401,7 @@ class CohortProbes:
             return
         self.ends_at = now + max(self.cycle_ms, 0.0) / 2e3
         self.awaiting = True
-        self.due_at = now + (self.gap or every) * max(self.cycle_ms, 0.0) / 1e3
+        self._next_after(now, every, max(self.cycle_ms, 0.0))
 
     def cycled(self, wall_ms: float) -> None:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""
@@ -415,8 +415,11 @@ class CohortProbes:
         if self.awaiting or now >= self.due_at:  # a probe's first outcome (or drafting's after a pause)
             self.gap = 0 if wins() else min(2 * (self.gap or every), MAX_PROBE_GAP)
             self.awaiting, self.ends_at = False, -1.0
-        per_cycle = self.cycle_ms if self.cycle_ms >= 0 else cycle_ms
-        self.due_at = now + (self.gap or every) * per_cycle / 1e3
+        self._next_after(now, every, self.cycle_ms if self.cycle_ms >= 0 else cycle_ms)
+
+    def _next_after(self, now: float, every: int, per_cycle_ms: float) -> None:
+        """The next probe falls due the gap's cycles (probe_every: `every`) after `now`."""
+        self.due_at = now + (self.gap or every) * per_cycle_ms / 1e3
 
 
 @dataclass

@@ -513,6 +513,21 @@ def test_sessions_that_share_passes_draft_one_gamma_as_a_cohort(monkeypatch):
     assert followed.choose() > lost.choose()
 
 
+def lost_cycle(gamma: int) -> CycleCosts:
+    """A cycle in passes of 8 sessions, 20 ms of wall time, its draft rejected at its first token."""
+    return replace(loaded_cycle(gamma, 8), accepted=0, wall_ms=20.0)
+
+
+def losing_cohort_replica(now: list[float]) -> GammaPolicy:
+    """A replica on the clock now[0] whose sessions share passes at the verifier's head (its steps
+    queue with the verifies: drafting at a loss costs), after drafting cycles the draft lost."""
+    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
+    replica.costs.drafts_on_verifier = True
+    for g in [4, 2, 4, 6] * 4:
+        replica.for_session().observe(lost_cycle(g))
+    return replica
+
+
 def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     """Under load a session that probes alone lags its cohort by a draft call (the policy's
     docstring): sessions that share passes probe all at once, `gap` of the replica's cycles (in
@@ -520,24 +535,20 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     does not make drafting win doubles the gap, one that does brings it back to probe_every.
     Alone, each session keeps its own streak."""
     now = [0.0]
-    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
-    replica.costs.drafts_on_verifier = True  # its steps queue with the verifies: drafting at a loss costs
-    cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)  # 8 sessions a pass, the draft lost
-    for g in [4, 2, 4, 6] * 4:
-        replica.for_session().observe(cycle(g))
+    replica = losing_cohort_replica(now)
     cohort = [replica.for_session() for _ in range(8)]
     assert replica.costs.shared and [s.choose() for s in cohort] == [0] * 8
     for streak, session in enumerate(cohort):  # their own streaks differ and do not count
         session.zero_streak = streak + 20
-        session.observe(cycle(0))
+        session.observe(lost_cycle(0))
     assert [s.choose() for s in cohort] == [0] * 8
     now[0] += 2 * 8 * 0.020  # the last probe accepted nothing: due 2 · probe_every cycles of 20 ms on
     probes = [s.choose() for s in cohort]
     assert all(g > 0 for g in probes)  # all at once
-    cohort[0].observe(cycle(probes[0]))  # the first outcome: nothing accepted, the gap doubles again
+    cohort[0].observe(lost_cycle(probes[0]))  # the first outcome: nothing accepted, the gap doubles again
     assert replica.probes.gap == 4 * replica.probe_every and cohort[1].choose() == 0
     now[0] += 4 * 8 * 0.020
-    cohort[1].observe(replace(cycle(cohort[1].choose()), accepted=1))  # a token, and still γ = 0 wins
+    cohort[1].observe(replace(lost_cycle(cohort[1].choose()), accepted=1))  # a token, and still γ = 0 wins
     assert replica.probes.gap == 8 * replica.probe_every and cohort[2].choose() == 0
     good = lambda g: replace(loaded_cycle(g, 8), accepted=g, wall_ms=20.0)  # the draft turns right
     for _ in range(40):  # outcomes before the next probe is due do not set the gap
@@ -549,7 +560,7 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
 
     alone = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
     for g in [4, 2, 4, 6] * 4:
-        alone.observe(replace(cycle(g), verify_batching=None, draft_batching=None))
+        alone.observe(replace(lost_cycle(g), verify_batching=None, draft_batching=None))
     assert not alone.costs.shared
     alone.zero_streak = alone.probe_every - 1
     assert alone.choose() > 0  # its own streak, whatever the replica's schedule
@@ -563,25 +574,20 @@ def test_a_cohort_probe_whose_draft_caught_up_for_long_does_not_push_the_next_on
     whose draft call caught up on a long γ-0 streak (it fed the worker more than a steady cycle)
     took 2 s, and timed by it the next probe fell due 2 · probe_every · 2 s on."""
     now = [0.0]
-    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
-    replica.costs.drafts_on_verifier = True  # its steps queue with the verifies: drafting at a loss costs
-    cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)
-    for g in [4, 2, 4, 6] * 4:
-        replica.for_session().observe(cycle(g))
+    replica = losing_cohort_replica(now)
     session = replica.for_session()
-    session.observe(cycle(0))
+    session.observe(lost_cycle(0))
     now[0] = replica.probes.due_at  # a probe is due; its draft catches up on 40 tokens, for 2 s
     probe = session.choose()
     assert probe > 0
     now[0] += 2.0
-    session.observe(replace(cycle(probe), wall_ms=2000.0, draft_fed=40))
+    session.observe(replace(lost_cycle(probe), wall_ms=2000.0, draft_fed=40))
     assert replica.probes.gap == 4 * replica.probe_every
     assert replica.probes.due_at == pytest.approx(now[0] + 4 * 8 * 0.020)  # steady cycles of 20 ms
     for _ in range(4 * 8):
         now[0] += 0.020
-        session.observe(cycle(0))
+        session.observe(lost_cycle(0))
     assert session.choose() > 0
-
 
 
 def test_a_cohort_probe_lasts_one_turn():
@@ -590,11 +596,7 @@ def test_a_cohort_probe_lasts_one_turn():
     probe whose outcome never comes back (its sessions ended) is followed by the next one a gap
     after it began."""
     now = [0.0]
-    replica = GammaPolicy(probes=CohortProbes(clock=lambda: now[0]))
-    replica.costs.drafts_on_verifier = True
-    cycle = lambda g: replace(loaded_cycle(g, 8), accepted=0, wall_ms=20.0)
-    for g in [4, 2, 4, 6] * 4:
-        replica.for_session().observe(cycle(g))
+    replica = losing_cohort_replica(now)
     cohort = [replica.for_session() for _ in range(8)]
     now[0] = replica.probes.due_at
     assert all(s.choose() > 0 for s in cohort)  # one turn: all of them
