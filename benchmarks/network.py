@@ -16,11 +16,12 @@ every orchestrator↔worker link through a user-space delay proxy (the kernel he
 `up` starts it, prints the ingress and the link addresses, and takes the proxy's commands on stdin
 (`delay * 20`, `drop draft-0`, ...). `sweep` runs, per delay, workload (greedy, T = 1) and
 sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos so that every
-stream is max_tokens long, --repeats times in a new order and with new sampling seeds each round;
-a point's tokens/s per mode is its median run, adaptive's ratio to the best fixed γ is also paired
-round by round (with its 95 % interval), and it times both models' passes before and after its
-points. `--control` runs γ = 0 twice a round, the second apart from the modes: its ratio to the
-first, paired the same way, is what the bed's noise alone moves a ratio by at that point.
+stream is max_tokens long, in --repeats rounds, each running every point's modes in a new order
+with new sampling seeds; a point's tokens/s per mode is its median run, adaptive's ratio to the
+best fixed γ is also paired round by round (with its 95 % interval), and it times both models'
+passes before the first round and after each. `--control` runs γ = 0 twice a round, the second
+apart from the modes: its ratio to the first, paired the same way, is what the bed's noise alone
+moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
 then measures what a replica just started serves): every mode runs on one cluster, and the
 policy's state is its replica's, so without it an adaptive run starts from what the fixed modes
@@ -138,49 +139,58 @@ def sweep(args) -> None:
     rounds = [*modes, *([CONTROL] if args.control else [])]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     # The passes timed on this machine as it is now, the bed idle: calibrate's costs. Timed again
-    # after the points, for the drift (a pass here can take 25 % more or less an hour later).
+    # after each round, for the drift (a pass here took 4.8 to 6.6 ms within an hour).
     prompt = round(sum(map(len, prompts)) / len(prompts))
     timings = [time_passes(draft, target, prompt, args.pass_repetitions)]
     with NetworkCluster(draft, target, delay_ms=delays[0], drafter=args.drafter,
                         head=head_for(args.drafter, None)) as cluster:
         concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 2, 0)  # warm-up
         start = time.time()
-        for i, (delay, workload, in_flight) in enumerate(points):
-            cluster.bed.set_delay(delay, args.jitter_ms)
-            # The same prompts at every delay and workload: points differ only in what they vary.
-            batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
-            # Every mode once per round, in a new order each round: drift spreads over all modes.
-            for repeat, run in ((r, m) for r in range(args.repeats) for m in rng.sample(rounds, len(rounds))):
-                mode = cluster_mode(0) if run == CONTROL else run
-                # A new replica for adaptive (its policy starts from nothing the other modes taught
-                # it) and for the control (which then measures what a replica just started serves).
-                if args.fresh_adaptive and (mode == cluster_mode(None) or run == CONTROL):
-                    cluster.restart_orchestrator()
-                    concurrent_runs(cluster.address, cluster_mode(0), "greedy", prompts[:1], 4, 1, 0)  # warm-up
-                busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
-                runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
-                                             round_seed(args.seed, repeat), ignore_eos=True)
-                row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
-                row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
-                row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
-                # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
-                row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3)
-                                        for role, ms in cluster.cpu_ms().items()}
-                # How full each worker's passes were: cohorts that merge or take turns move a run's
-                # tokens/s by more than the policy's goal.
-                row["sessions_per_pass"] = {name: (sessions - passes[name][0]) / max(count - passes[name][1], 1.0)
-                                            for name, (sessions, count) in cluster.passes().items()}
-                (controls if run == CONTROL else rows).append({
-                    "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms, "workload": workload,
-                    "mode": mode, "repeat": repeat, **{k: row[k] for k in SWEEP_FIELDS}})
-            best, adaptive, _ = _point(rows[-len(modes) * args.repeats:])
-            print(f"[{i + 1}/{len(points)}, {time.time() - start:.0f} s] delay {delay:g} ms, {workload}, "
-                  f"{in_flight} in flight: best {best['mode']} {best['aggregate_tokens_per_s']:.1f} tokens/s"
-                  + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ {adaptive['mean_gamma'] or 0:.2f})"
-                     if adaptive else ""), flush=True)
+        # A round runs every point's modes, each point's in a new order: a point's rounds spread
+        # over the sweep as its modes over a round, so the machine's drift moves every point alike
+        # (with a point's rounds back to back, one slow stretch of minutes took a whole point).
+        for repeat in range(args.repeats):
+            for i, (delay, workload, in_flight) in enumerate(points):
+                cluster.bed.set_delay(delay, args.jitter_ms)
+                # The same prompts at every delay and workload: points differ only in what they vary.
+                batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
+                for run in rng.sample(rounds, len(rounds)):
+                    (controls if run == CONTROL else rows).append({
+                        "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
+                        "workload": workload, "repeat": repeat,
+                        **_sweep_run(cluster, args, run, workload, batch, in_flight, repeat, prompts)})
+                best, adaptive, _ = _point(rows[-len(modes):])  # the point's runs of this round
+                print(f"[round {repeat + 1}/{args.repeats}, point {i + 1}/{len(points)}, {time.time() - start:.0f} s] "
+                      f"delay {delay:g} ms, {workload}, {in_flight} in flight: best {best['mode']} "
+                      f"{best['aggregate_tokens_per_s']:.1f} tokens/s"
+                      + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ "
+                         f"{adaptive['mean_gamma'] or 0:.2f})" if adaptive else ""), flush=True)
+            timings.append(time_passes(draft, target, prompt, args.pass_repetitions))
             write(rows, args, timings, controls)
-        timings.append(time_passes(draft, target, prompt, args.pass_repetitions))
-        write(rows, args, timings, controls)
+
+
+def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: list[list[int]], in_flight: int,
+               repeat: int, prompts: list[list[int]]) -> dict:
+    """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode."""
+    mode = cluster_mode(0) if run == CONTROL else run
+    # A new replica for adaptive (its policy starts from nothing the other modes taught it) and
+    # for the control (which then measures what a replica just started serves).
+    if args.fresh_adaptive and (mode == cluster_mode(None) or run == CONTROL):
+        cluster.restart_orchestrator()
+        concurrent_runs(cluster.address, cluster_mode(0), "greedy", prompts[:1], 4, 1, 0)  # warm-up
+    busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
+    runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
+                                 round_seed(args.seed, repeat), ignore_eos=True)
+    row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
+    row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
+    row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
+    # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
+    row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3) for role, ms in cluster.cpu_ms().items()}
+    # How full each worker's passes were: cohorts that merge or take turns move a run's tokens/s
+    # by more than the policy's goal.
+    row["sessions_per_pass"] = {name: (sessions - passes[name][0]) / max(count - passes[name][1], 1.0)
+                                for name, (sessions, count) in cluster.passes().items()}
+    return {"mode": mode, **{k: row[k] for k in SWEEP_FIELDS}}
 
 
 # The control run's name in a round (--control): γ = 0 again, the same requests and tokens.
