@@ -23,7 +23,9 @@ passes before the first round and after each. `--control` runs γ = 0 twice a ro
 apart from the modes: its ratio to the first, paired the same way, is what the bed's noise alone
 moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
-then measures what a replica just started serves): every mode runs on one cluster, and the
+then measures what a replica just started serves), warmed up with γ = 0 at the point's sessions
+in flight (warmed with one stream, fixed γ = 0 on it served 0.98× the warm replica's; with the
+point's load, 1.01×): every mode runs on one cluster, and the
 policy's state is its replica's, so without it an adaptive run starts from what the fixed modes
 before it taught the replica. Needs root (network namespaces). `--drafter` picks who drafts: a
 draft worker on its own host (hybrid, the default; model; ngram) or the verifier with the shipped
@@ -177,7 +179,8 @@ def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: li
     # for the control (which then measures what a replica just started serves).
     if args.fresh_adaptive and (mode == cluster_mode(None) or run == CONTROL):
         cluster.restart_orchestrator()
-        concurrent_runs(cluster.address, cluster_mode(0), "greedy", prompts[:1], 4, 1, 0)  # warm-up
+        # Warm it up as loaded as the run will be (a replica serves for hours).
+        concurrent_runs(cluster.address, cluster_mode(0), "greedy", batch[:in_flight], 16, in_flight, 0)
     busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
     runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                  round_seed(args.seed, repeat), ignore_eos=True)
