@@ -160,7 +160,7 @@ def sweep(args) -> None:
                     (controls if run == CONTROL else rows).append({
                         "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                         "workload": workload, "repeat": repeat,
-                        **_sweep_run(cluster, args, run, workload, batch, in_flight, repeat, prompts)})
+                        **_sweep_run(cluster, args, run, workload, batch, in_flight, repeat)})
                 best, adaptive, _ = _point(rows[-len(modes):])  # the point's runs of this round
                 print(f"[round {repeat + 1}/{args.repeats}, point {i + 1}/{len(points)}, {time.time() - start:.0f} s] "
                       f"delay {delay:g} ms, {workload}, {in_flight} in flight: best {best['mode']} "
@@ -172,7 +172,7 @@ def sweep(args) -> None:
 
 
 def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: list[list[int]], in_flight: int,
-               repeat: int, prompts: list[list[int]]) -> dict:
+               repeat: int) -> dict:
     """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode."""
     mode = cluster_mode(0) if run == CONTROL else run
     # A new replica for adaptive (its policy starts from nothing the other modes taught it) and

@@ -396,12 +396,12 @@ class CohortProbes:
 
     def began(self, every: int) -> None:
         """A session probes: the probe's turn starts now unless it is under way."""
-        now = self.clock()
+        now, per_cycle_ms = self.clock(), max(self.cycle_ms, 0.0)
         if now < self.ends_at:
             return
-        self.ends_at = now + max(self.cycle_ms, 0.0) / 2e3
+        self.ends_at = now + per_cycle_ms / 2e3
         self.awaiting = True
-        self._next_after(now, every, max(self.cycle_ms, 0.0))
+        self._next_after(now, every, per_cycle_ms)
 
     def cycled(self, wall_ms: float) -> None:
         """A steady cycle (no prefill, no catch-up) of any session took `wall_ms`."""

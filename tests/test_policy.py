@@ -608,6 +608,7 @@ def test_a_cohort_probe_lasts_one_turn():
     now[0] = began + (replica.probes.gap or replica.probe_every) * 0.020  # none came back
     assert all(s.choose() > 0 for s in cohort)
 
+
 # --- across a network: the replica's acceptance, fading evidence, drafting ahead ------------
 
 
