@@ -63,16 +63,18 @@ def _wait_restarted(local: LocalCluster, *names: str, timeout_s: float = 90.0) -
 
 async def _streams(local: LocalCluster, prompts: list[list[int]], when_streaming=None, resume_attempts: int = 8,
                    **kwargs) -> list:
-    """One greedy stream per prompt, all at once; when_streaming() (a function or a coroutine
-    function) runs once every stream has delivered tokens → [(tokens, last chunk's stats,
-    session id) or the exception]."""
+    """One greedy stream per prompt, all at once; when_streaming(session_ids) (a function or a
+    coroutine function) runs once every stream has delivered tokens → [(tokens, last chunk's
+    stats, session id) or the exception]."""
     streaming = [asyncio.Event() for _ in prompts]
+    session_ids = [""] * len(prompts)
 
     async def one(i: int, client: tandem.AsyncClient):
         out, last = [], None
         async for chunk in client.stream(prompt_token_ids=prompts[i], max_tokens=MAX_TOKENS, temperature=0, **kwargs):
             out.extend(chunk.token_ids)
             last = chunk
+            session_ids[i] = chunk.session_id
             streaming[i].set()
         return out, last.stats, last.session_id
 
@@ -81,7 +83,7 @@ async def _streams(local: LocalCluster, prompts: list[list[int]], when_streaming
         tasks = [asyncio.create_task(one(i, client)) for i in range(len(prompts))]
         if when_streaming is not None:
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 120)
-            if asyncio.iscoroutine(done := when_streaming()):
+            if asyncio.iscoroutine(done := when_streaming(session_ids)):
                 await done
         return await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -100,6 +102,19 @@ def _spans(otlp, name: str, timeout_s: float = 15.0, **attrs) -> list:
 
 def _record(local: LocalCluster, session_id: str):
     return read_session(local.redis_url, session_id)
+
+
+async def _held(local: LocalCluster, session_ids: list[str], kind: str, timeout_s: float = 30.0) -> str:
+    """The address of a worker of this pool that one of these sessions, still running, holds (its
+    record says), waiting up to timeout_s for one to hold any."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = [await _record(local, i) for i in session_ids]
+        held = sorted({a for r in records if r.status == "running" and (a := r.workers.get(kind))})
+        if held or time.monotonic() > deadline:
+            assert held, f"none of the sessions holds a {kind} worker after {timeout_s} s"
+            return held[0]
+        await asyncio.sleep(0.05)
 
 
 def test_sessions_spread_over_the_verifiers_and_stick_to_their_workers(chaos, pair, expected):
@@ -130,11 +145,17 @@ def test_sessions_spread_over_the_verifiers_and_stick_to_their_workers(chaos, pa
 
 
 def test_killed_draft_worker_and_verifier_fail_over_and_every_stream_completes(chaos, pair, expected, otlp):
-    names = {"draft": "draft-0", "target": "target-1"}
-    killed = {kind: chaos.addresses[name] for kind, name in names.items()}
+    names = {address: name for name, address in chaos.addresses.items()}
+    killed = {}  # pool → the address of its worker killed: one that a session holds
+
+    async def kill_held_workers(session_ids: list[str]):
+        for kind in ("draft", "target"):
+            killed[kind] = await _held(chaos, session_ids, kind)
+            _kill(chaos.workers[names[killed[kind]]])
+
     prompts = list(expected)[:4]
-    results = asyncio.run(_streams(chaos, [pair["prompts"][i] for i in prompts],
-                                   lambda: [_kill(chaos.workers[n]) for n in names.values()]))
+    # A fixed γ: each session holds a draft worker from its first cycle (an adaptive γ may start at 0).
+    results = asyncio.run(_streams(chaos, [pair["prompts"][i] for i in prompts], kill_held_workers, gamma=3))
     for i, (out, stats, session_id) in zip(prompts, results):
         assert out == expected[i]
         assert stats.generated_tokens == len(out) == sum(c.output_tokens for c in stats.per_cycle)
@@ -144,7 +165,7 @@ def test_killed_draft_worker_and_verifier_fail_over_and_every_stream_completes(c
     for kind, address in killed.items():  # each move is a span in its request's trace
         moves = _spans(otlp, "failover", **{"tandem.pool": kind, "tandem.from": address})
         assert moves and all(attributes(m)["tandem.to"] not in ("", address) for m in moves)
-    _wait_restarted(chaos, *names.values())  # the supervisor brings both back, on their ports
+    _wait_restarted(chaos, *(names[a] for a in killed.values()))  # the supervisor brings both back, on their ports
     again = asyncio.run(_streams(chaos, [pair["prompts"][prompts[0]]] * 4))
     assert all(out == expected[prompts[0]] for out, _, _ in again)
 
@@ -154,7 +175,7 @@ def test_with_no_draft_worker_left_sessions_run_at_gamma_0_then_draft_again(chao
     restarts = {n: chaos.supervisor.restarts(n) for n in drafts}
     prompts = list(expected)[:2]
     results = asyncio.run(_streams(chaos, [pair["prompts"][i] for i in prompts],
-                                   lambda: [_kill(chaos.workers[n]) for n in drafts], gamma=3))
+                                   lambda _: [_kill(chaos.workers[n]) for n in drafts], gamma=3))
     for i, (out, stats, _) in zip(prompts, results):
         assert out == expected[i]
         assert any(c.gamma == 0 for c in stats.per_cycle[:-1])  # the target alone, for lack of a drafter
@@ -175,8 +196,8 @@ def test_with_no_draft_worker_left_sessions_run_at_gamma_0_then_draft_again(chao
 def test_killed_orchestrator_replica_the_stream_resumes_exactly(chaos, pair, expected, otlp):
     i = list(expected)[0]
 
-    async def kill_the_writer():
-        owner = (await _record(chaos, await _unfinished_session(chaos))).owner
+    async def kill_the_writer(session_ids: list[str]):
+        owner = (await _record(chaos, session_ids[0])).owner
         os.kill(int(owner.split(":")[1]), signal.SIGKILL)  # host:pid:id of the replica writing it
 
     (out, stats, session_id), = asyncio.run(_streams(chaos, [pair["prompts"][i]], kill_the_writer))
@@ -244,7 +265,7 @@ def test_redis_killed_and_restarted_within_the_bound_the_stream_completes(chaos,
     i = list(expected)[1]
     restarts = chaos.supervisor.restarts("redis")
     (out, _, session_id), = asyncio.run(_streams(chaos, [pair["prompts"][i]],
-                                                 lambda: _kill(chaos.supervisor.proc("redis"))))
+                                                 lambda _: _kill(chaos.supervisor.proc("redis"))))
     assert out == expected[i]
     assert chaos.supervisor.restarts("redis") == restarts + 1
     assert asyncio.run(_record(chaos, session_id)).generated == expected[i]  # the append-only file kept it all
@@ -254,7 +275,7 @@ def test_redis_gone_is_unavailable_and_the_session_resumes_once_it_is_back(chaos
     i = list(expected)[2]
     redis = chaos.supervisor.forget("redis")  # killed for good, as far as anyone can tell
     try:
-        (failed,) = asyncio.run(_streams(chaos, [pair["prompts"][i]], lambda: _kill(redis), resume_attempts=0))
+        (failed,) = asyncio.run(_streams(chaos, [pair["prompts"][i]], lambda _: _kill(redis), resume_attempts=0))
         assert isinstance(failed, tandem.UnavailableError), failed
         assert "session store" in failed.details and chaos.redis_url.split("//")[1] not in failed.details
         assert "127.0.0.1" not in failed.details
