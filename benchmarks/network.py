@@ -68,9 +68,7 @@ from tandem.capacity import pass_ms as capacity_pass_ms
 from tandem.cli import HELDOUT_PROMPTS, default_pair, head_for
 from tandem.math.analytic import expected_tokens
 from tandem.orchestrator.config import OrchestratorConfig
-from tandem.services.llama import LlamaPass
-
-from forward_pass import forward_ms  # beside this script in benchmarks/
+from tandem.services.llama import Feed, LlamaPass
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -143,7 +141,8 @@ def sweep(args) -> None:
     # The passes timed on this machine as it is now, the bed idle: calibrate's costs. Timed again
     # after each round, for the drift (a pass here took 4.8 to 6.6 ms within an hour).
     prompt = round(sum(map(len, prompts)) / len(prompts))
-    timings = [time_passes(draft, target, prompt, args.pass_repetitions)]
+    context = mean_context(prompt, args.max_tokens)
+    timings = [time_passes(draft, target, prompt, context, args.pass_repetitions)]
     with NetworkCluster(draft, target, delay_ms=delays[0], drafter=args.drafter,
                         head=head_for(args.drafter, None)) as cluster:
         concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 2, 0)  # warm-up
@@ -167,7 +166,7 @@ def sweep(args) -> None:
                       f"{best['aggregate_tokens_per_s']:.1f} tokens/s"
                       + (f", adaptive {adaptive['aggregate_tokens_per_s']:.1f} (mean γ "
                          f"{adaptive['mean_gamma'] or 0:.2f})" if adaptive else ""), flush=True)
-            timings.append(time_passes(draft, target, prompt, args.pass_repetitions))
+            timings.append(time_passes(draft, target, prompt, context, args.pass_repetitions))
             write(rows, args, timings, controls)
 
 
@@ -423,49 +422,96 @@ def _lacks(rows: list[dict]) -> str | None:
 
 def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
     """The pass timings calibrate uses: --passes FILE's, else the sweep's own (the mean of its
-    timings before and after its points), else timed now. JSON keeps the sizes as strings."""
+    timings before and after its points), else timed now. JSON keeps the sizes as strings. A
+    sweep from before the rows were timed has no "rows" (a row then costs nothing more)."""
     if args.passes:
         timings = [json.loads(Path(args.passes).read_text())["pass_ms"]]
     elif sweep.get("pass_ms"):
         timings = sweep["pass_ms"]
     else:
-        return time_passes(draft, target, prompt)
-    return {model: {int(n): float(np.mean([t[model][n] for t in timings])) for n in timings[0][model]}
+        return time_passes(draft, target, prompt, mean_context(prompt, sweep["args"]["max_tokens"]))
+    mean = {model: {int(n): float(np.mean([t[model][n] for t in timings])) for n in timings[0][model]}
             for model in ("draft", "target")}
+    if all("rows" in t for t in timings):
+        mean["rows"] = {model: float(np.mean([t["rows"][model] for t in timings])) for model in ("draft", "target")}
+    return mean
 
 
-def time_passes(draft: str, target: str, prompt: int, repetitions: int = 15) -> dict:
-    return {"draft": pass_ms(Path(draft), PASS_TOKENS, repetitions),
-            "target": pass_ms(Path(target), PASS_TOKENS + (prompt,), repetitions)}
+def mean_context(prompt: int, max_tokens: int) -> int:
+    """The cache a session's steps see on average: its prompt and half its max_tokens."""
+    return prompt + max_tokens // 2
+
+
+def time_passes(draft: str, target: str, prompt: int, context: int, repetitions: int = 15) -> dict:
+    """Both models' passes (pass_ms) at this context, the target's prefill of the prompt, and
+    what a row costs (row_ms) → {"draft": {tokens: ms}, "target": {…}, "rows": {model: ms}}."""
+    models = {"draft": _pass_runner(Path(draft)), "target": _pass_runner(Path(target))}
+    timings = {name: pass_ms(run, PASS_TOKENS, context, repetitions) for name, run in models.items()}
+    timings["target"][prompt] = pass_ms(models["target"], (prompt,), 0, repetitions)[prompt]
+    timings["rows"] = {name: row_ms(run, context, repetitions) for name, run in models.items()}
+    return timings
 
 
 # Pass sizes calibrate measures: a lone session's steps and blocks, and 8 sessions' passes.
 PASS_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 72)
+ROWS = 8  # the rows of the pass that row_ms times: 8 sessions in flight
 
 
-def pass_ms(model_dir: Path, sizes: tuple[int, ...], repetitions: int = 15) -> dict[int, float]:
-    """One forward pass of n tokens after a 50-token prompt (forward_pass.forward_ms), per n → its
-    median ms, through the runtime's pass on one thread, as a worker here runs it."""
+def _pass_runner(model_dir: Path) -> LlamaPass:
+    """The runtime's pass on one thread, as a worker here runs it."""
     torch.set_num_threads(1)
-    run = LlamaPass(AutoModelForCausalLM.from_pretrained(model_dir).eval(), column_major=True)
+    return LlamaPass(AutoModelForCausalLM.from_pretrained(model_dir).eval(), column_major=True)
+
+
+def pass_ms(run: LlamaPass, sizes: tuple[int, ...], context: int, repetitions: int = 15) -> dict[int, float]:
+    """One session's pass of n tokens on a cache of `context` tokens, per n → its median ms."""
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    with torch.inference_mode():
-        for _ in range(repetitions):
-            for n in sizes:
-                times[n].append(forward_ms(run, n))
+    for _ in range(repetitions):
+        for n in sizes:
+            times[n].append(_timed_pass(run, context, 1, n))
     return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def row_ms(run: LlamaPass, context: int, repetitions: int = 15) -> float:
+    """What a pass costs per row past its first beyond its tokens (tandem.capacity.Costs'
+    *_row_ms), each row attending over a cache of its own: a pass of ROWS sessions' one token
+    each against one session's ROWS tokens, at this context (measured on the shipped target:
+    0.13 ms a row at 50 tokens, 0.39 at 190)."""
+    rows, one = [], []
+    for _ in range(repetitions):
+        rows.append(_timed_pass(run, context, ROWS, 1))
+        one.append(_timed_pass(run, context, 1, ROWS))
+    return max(0.0, float(np.median(rows) - np.median(one)) / (ROWS - 1))
+
+
+def _timed_pass(run: LlamaPass, context: int, rows: int, tokens: int) -> float:
+    """One pass of `rows` sessions' `tokens` each, each on a cache of `context` tokens of its own → ms."""
+    with torch.inference_mode():
+        caches = [run.new_cache() for _ in range(rows)]
+        for cache in caches:
+            if context:
+                run.forward(cache, 0, list(range(200, 200 + context)), keep=1)
+        feeds = [Feed(cache, context, list(range(100, 100 + tokens)), tokens) for cache in caches]
+        start = time.perf_counter()
+        run.forward_batch(feeds)
+        elapsed = (time.perf_counter() - start) * 1e3
+        for cache in caches:
+            run.release(cache)
+    return elapsed
 
 
 def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> Costs:
     """A point's costs, none read from its tokens/s or from any run with others in flight:
     - the passes as timed, a table per model (a pass here is no line: its matrix kernels change
-      with the rows), the target's with the mean prompt's prefill;
+      with the rows) at a session's mean context, the target's with the mean prompt's prefill,
+      and a row's cost past a pass's first;
     - α as the i.i.d. rate that gives the mean acceptance length its γ had in the workload's
       lone runs (at every delay: acceptance does not depend on it);
     - from γ = 0's lone cycles: the call's CPU as the verifier's time beyond its pass plus the
-      transport at zero delay (gRPC's encoding, the delay proxy's relaying, the event loops),
-      the round trip as what the transport takes more at the point's delay, and the
-      orchestrator's time per cycle;
+      transport at zero delay (gRPC's encoding, the delay proxy's relaying, the event loops), of
+      which the verifier's process takes the handling (_handling_ms) between its passes, the
+      round trip as what the transport takes more at the point's delay, and the orchestrator's
+      time per cycle;
     - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, and a
       draft-ahead call's per step (_ahead_step_ms);
     - drafting ahead's rates of right guesses (_fit_guess_rates)."""
@@ -479,13 +525,28 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     per_call = [r["cycle"]["draft_ms"] / (1.0 - (r["cycle"].get("drafted_ahead_share") or 0.0)) for r in drafting]
     per_token, _ = np.polyfit([r["mean_gamma"] for r in drafting], per_call, 1)
     bonus, recovered = _fit_guess_rates(alone)
+    rows = passes.get("rows", {})
+    lone_zero = next(r for r in alone if r["mode"] == cluster_mode(0) and r["delay_ms"] == 0.0)
+    handling = _handling_ms(lone_zero)
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
-                 alpha=alpha, bonus_guess=bonus, recovered_guess=recovered,
+                 draft_row_ms=rows.get("draft", 0.0), target_row_ms=rows.get("target", 0.0), alpha=alpha, bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
                  orchestrator_ms=plain[0.0]["orchestration_ms"],
-                 call_ms=max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"],
+                 call_ms=max(0.0, max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"]
+                             - handling), handling_ms=handling,
                  draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
                  ahead_step_ms=_ahead_step_ms(alone, passes), prompt_tokens=prompt)
+
+
+def _handling_ms(lone_zero: dict) -> float:
+    """A call's handling in its worker's process between passes (Costs.handling_ms): in a lone
+    γ = 0 run at 0 ms, the verifier's process's CPU per cycle less its passes' (the cycle's
+    compute). 0 for a sweep that did not measure the processes' CPU."""
+    cores = {name: share for name, share in lone_zero.get("cores_by_role", {}).items() if name.startswith("target")}
+    if not cores:
+        return 0.0
+    cycles_per_ms = lone_zero["aggregate_tokens_per_s"] / 1e3  # γ = 0: a token a cycle
+    return max(0.0, sum(cores.values()) / cycles_per_ms - lone_zero["cycle"]["verify_ms"])
 
 
 def _ahead_step_ms(alone: list[dict], passes: dict) -> float | None:

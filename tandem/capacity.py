@@ -32,7 +32,9 @@ Costs.recovered_guess), the next cycle's block is ready: its verify goes at once
 A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
 back to back; a pass takes the next step of the waiting jobs in arrival order, whole, while they
 fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
-tokens), or what a table of measured passes says (pass_ms). A γ-token draft takes part in γ
+tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms)
+for each of its jobs past the first, and the handling of the rows it runs the first step of
+(Costs.handling_ms: on a CPU the worker's process runs it between passes). A γ-token draft takes part in γ
 passes; a job that arrives during a pass waits for the next. Before a pass, a worker holds it for
 the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its
 fixed cost from now) until they come or that time is up, as tandem.services.holding does, so that
@@ -62,7 +64,7 @@ started together, as a benchmark's client runs them: its tokens/s counts its sta
 What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
 prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed per
 run; the last cycle does not shorten its draft to what the session lacks), token trees, a call's
-CPU per row, network jitter and bandwidth, and failures. Costs are taken as measured (the fits
+CPU per row beside the passes (call_ms is per call), network jitter and bandwidth, and failures. Costs are taken as measured (the fits
 that tandem's γ policy keeps per worker: orchestrator/policy.py).
 """
 
@@ -115,7 +117,12 @@ class Costs:
     alpha: float  # the chance that a drafted token is accepted, i.i.d. (unless acceptance_by_position)
     rtt_ms: float = 0.0  # orchestrator ↔ worker round trip, once per call
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
-    call_ms: float = 0.0  # a worker's CPU per call outside its passes
+    call_ms: float = 0.0  # a worker's CPU per call outside its passes, beside them
+    # A worker's CPU per row of a call that its passes wait for: a CPU worker is one Python process,
+    # whose gRPC handling and model thread take turns at the interpreter lock. It is counted in the
+    # pass that runs the row's first step (measured on the test bed, 0.8 ms: at 8 sessions in
+    # flight, 6 ms of a verifier's 20 per pass).
+    handling_ms: float = 0.0
     draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
     # a_1, a_2, …: the chance that a block's j-th drafted token is accepted, the ones before it
     # accepted (past the last, the last), as tandem's γ policy learns it; None: α at every position.
@@ -128,6 +135,11 @@ class Costs:
     # CPU per cycle that no call waits for: its tokens streamed to the client (the replica, the
     # ingress's proxy, the client), its commit in Redis's server. It only loads a host's shared cores.
     background_ms: float = 0.0
+    # A pass's cost per row past its first (a row: one session's job), beyond its tokens': each row
+    # attends over its own cache. Measured on the shipped target, 0.13 ms at a 50-token context and
+    # 0.39 at 190: at the test bed's contexts a pass of 8 sessions' tokens cost 1.3× one session's.
+    draft_row_ms: float = 0.0
+    target_row_ms: float = 0.0
     prompt_tokens: int = 128  # a new session's prefill
     max_batch_tokens: int = 512  # the most tokens one pass takes
     # Drafting ahead: how often the draft's guess is the verify's last token, after a full accept
@@ -148,7 +160,8 @@ class Costs:
             value = getattr(self, name)
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
                      "must be in [0, 1]")
-        for name in ("rtt_ms", "orchestrator_ms", "call_ms", "draft_token_ms", "background_ms"):
+        for name in ("rtt_ms", "orchestrator_ms", "call_ms", "handling_ms", "draft_token_ms", "background_ms",
+                     "draft_row_ms", "target_row_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
@@ -301,10 +314,11 @@ class Window:
 
 def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     """A decoding cycle's wall time with nothing else in the cluster: γ one-token draft passes,
-    a verify pass of γ + 1 tokens, a round trip and a call per worker call, the orchestrator."""
+    a verify pass of γ + 1 tokens, a round trip, a call and its handling per worker call, the
+    orchestrator."""
     calls = 2 if gamma > 0 else 1
     return (gamma * (pass_ms(costs.draft_pass, 1) + costs.draft_token_ms) + pass_ms(costs.target_pass, gamma + 1)
-            + calls * (costs.rtt_ms + costs.call_ms) + costs.orchestrator_ms)
+            + calls * (costs.rtt_ms + costs.call_ms + costs.handling_ms) + costs.orchestrator_ms)
 
 
 def closed_form_tokens_per_s(costs: Costs, gamma: int) -> float:
@@ -400,14 +414,16 @@ class _Call:
 
 class _Worker:
     """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step,
-    its call]), the pass it runs, and what it did in the window."""
+    its call, not yet handled]), the pass it runs, and what it did in the window."""
 
-    __slots__ = ("drafts", "cost", "cap", "hold_ms", "waiting", "batch", "pass_start", "busy_ms", "passes",
-                 "tokens", "answered", "way_round", "holding", "hold_stamp")
+    __slots__ = ("drafts", "cost", "row_ms", "handling_ms", "cap", "hold_ms", "waiting", "batch", "pass_start",
+                 "busy_ms", "passes", "tokens", "answered", "way_round", "holding", "hold_stamp")
 
-    def __init__(self, drafts: bool, cost: tuple, cap: int) -> None:
+    def __init__(self, drafts: bool, cost: tuple, row_ms: float, handling_ms: float, cap: int) -> None:
         self.drafts = drafts
         self.cost = cost  # a pass's (Costs.draft_pass or target_pass)
+        self.row_ms = row_ms  # and per row past its first (Costs.draft_row_ms or target_row_ms)
+        self.handling_ms = handling_ms  # and per row at its first step (Costs.handling_ms)
         self.cap = cap
         self.hold_ms = HOLD_SHARE * pass_ms(cost, 0)  # a share of the pass's fixed cost
         self.waiting: list[list] = []
@@ -439,8 +455,10 @@ class _Run:
     def __init__(self, costs: Costs, cluster: Cluster, gamma: int, seed: int) -> None:
         self.costs, self.cluster, self.gamma = costs, cluster, gamma
         self.rng = random.Random(seed)
-        self.drafters = [_Worker(True, costs.draft_pass, costs.max_batch_tokens) for _ in range(cluster.drafters)]
-        self.verifiers = [_Worker(False, costs.target_pass, costs.max_batch_tokens) for _ in range(cluster.verifiers)]
+        self.drafters = [_Worker(True, costs.draft_pass, costs.draft_row_ms, costs.handling_ms, costs.max_batch_tokens)
+                         for _ in range(cluster.drafters)]
+        self.verifiers = [_Worker(False, costs.target_pass, costs.target_row_ms, costs.handling_ms,
+                                  costs.max_batch_tokens) for _ in range(cluster.verifiers)]
         self.replica_busy = [False] * cluster.replicas
         self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # answered slots, in order
         self.cores = _Cores(self, cluster.host_cores)
@@ -632,7 +650,7 @@ class _Run:
     def arrive(self, call: _Call) -> None:
         worker = call.worker
         for slot, steps, tokens in call.rows:
-            worker.waiting.append([self.tick(), slot, steps, tokens, call])
+            worker.waiting.append([self.tick(), slot, steps, tokens, call, True])
             if slot in worker.answered:
                 worker.way_round[slot] = self.now - worker.answered.pop(slot)
             if worker.holding is not None:
@@ -668,7 +686,11 @@ class _Run:
         if self.measuring:
             worker.passes += 1
             worker.tokens += tokens
-        self.cores.start(pass_ms(worker.cost, tokens), _PASS_END, worker)
+        handled = sum(job[5] for job in worker.batch)  # rows at their first step
+        for job in worker.batch:
+            job[5] = False
+        work = pass_ms(worker.cost, tokens) + worker.row_ms * (len(worker.batch) - 1) + worker.handling_ms * handled
+        self.cores.start(work, _PASS_END, worker)
 
     def end_pass(self, worker: _Worker) -> None:
         if self.measuring:

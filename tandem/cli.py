@@ -967,11 +967,19 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--acceptance-by-position", metavar="A1,A2,...", help="a block's acceptance per "
                          "position, each given the ones before it (past the last, the last; default: --alpha at "
                          "every position)")
-    cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes (default 0)")
+    cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes, beside them "
+                                                       "(default 0)")
+    cluster.add_argument("--handling-ms", type=float, help="a worker's CPU per row of a call that its passes wait for "
+                                                           "(a CPU worker's gRPC handling, one Python process; "
+                                                           "default 0)")
     cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
                                                               "passes (default 0)")
     cluster.add_argument("--ahead-step-ms", type=float, help="with --draft-ahead: a draft-ahead call's CPU per step "
                                                              "besides its pass (default: --draft-token-ms)")
+    cluster.add_argument("--draft-row-ms", type=float, help="a draft pass's cost per session in it past the first, "
+                                                            "beyond its tokens' (default 0)")
+    cluster.add_argument("--target-row-ms", type=float, help="a verify pass's cost per session in it past the first, "
+                                                             "beyond its tokens' (default 0)")
     cluster.add_argument("--background-ms", type=float, help="CPU per cycle that no call waits for (streaming the "
                                                              "tokens, Redis's server): it loads --host-cores only "
                                                              "(default 0)")

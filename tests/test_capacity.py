@@ -29,20 +29,20 @@ def lone(costs: Costs, gamma: int, tokens_per_session: int = ENDLESS, host_cores
 @pytest.mark.parametrize("host_cores", [0, 1])
 def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
     """Alone, a session's passes, calls and cycles run one after another: one shared core serves
-    it as well as a processor per worker."""
+    it as well as a processor per worker. A call's handling is its worker's work (in its pass)."""
     costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=alpha, rtt_ms=rtt_ms, orchestrator_ms=0.5,
-                  call_ms=0.3, draft_token_ms=0.07)
+                  call_ms=0.3, handling_ms=0.2, draft_token_ms=0.07)
     expected = closed_form_tokens_per_s(costs, gamma)
     calls = 2 if gamma else 1
-    cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3) + 0.5  # by hand
+    cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3 + 0.2) + 0.5  # by hand
     assert expected == pytest.approx(1e3 * expected_tokens(alpha, gamma) / cycle, rel=1e-12)
     got = lone(costs, gamma, host_cores=host_cores)
     # Exact but for rounding: every cycle is alike, and a cycle counts its expected output.
     assert got.tokens_per_s == pytest.approx(expected, rel=1e-9)
     assert got.cycle_ms == pytest.approx(cycle, rel=1e-9)
-    assert got.verifier_utilization == pytest.approx((20.0 + 0.1 * (gamma + 1)) / cycle, rel=1e-6)
+    assert got.verifier_utilization == pytest.approx((20.0 + 0.1 * (gamma + 1) + 0.2) / cycle, rel=1e-6)
     if gamma:
-        assert got.drafter_utilization == pytest.approx(gamma * 2.02 / cycle, rel=1e-6)
+        assert got.drafter_utilization == pytest.approx((gamma * 2.02 + 0.2) / cycle, rel=1e-6)
     else:
         assert got.drafter_utilization is None
     assert got.tokens_per_verify_pass == gamma + 1
@@ -241,8 +241,8 @@ def test_cli_json(capsys):
     assert set(out) == {"costs", "sessions", "replicas", "host_cores", "draft_gpu_cost", "recommended",
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                            "orchestrator_ms": 0.0, "call_ms": 0.0, "draft_token_ms": 0.0, "acceptance_by_position": None,
-                            "ahead_step_ms": None, "background_ms": 0.0,
+                            "orchestrator_ms": 0.0, "call_ms": 0.0, "handling_ms": 0.0, "draft_token_ms": 0.0, "acceptance_by_position": None,
+                            "ahead_step_ms": None, "background_ms": 0.0, "draft_row_ms": 0.0, "target_row_ms": 0.0,
                             "prompt_tokens": 128, "bonus_guess": None, "recovered_guess": None,
                             "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
@@ -269,9 +269,8 @@ def test_cli_table(capsys):
 def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                "orchestrator_ms": 0.2, "call_ms": 0.1, "draft_token_ms": 0.05, "background_ms": 0.0,
-                "prompt_tokens": 32,
-                "max_batch_tokens": 256}
+                "orchestrator_ms": 0.2, "call_ms": 0.1, "handling_ms": 0.3, "draft_token_ms": 0.05, "background_ms": 0.0,
+                "draft_row_ms": 0.01, "target_row_ms": 0.2, "prompt_tokens": 32, "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
@@ -279,8 +278,9 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     unset = {"acceptance_by_position": None, "ahead_step_ms": None, "bonus_guess": None, "recovered_guess": None}
     assert out["costs"] == measured | unset
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 2)]
-    over = run_json(capsys, *small, "--rtt-ms", "20", "--target-ms", "9,0.25", "--alpha", "0.5")
-    assert over["costs"] == {**measured, **unset, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5}
+    over = run_json(capsys, *small, "--rtt-ms", "20", "--target-ms", "9,0.25", "--alpha", "0.5", "--target-row-ms", "1")
+    assert over["costs"] == {**measured, **unset, "rtt_ms": 20.0, "target_pass": [9.0, 0.25], "alpha": 0.5,
+                             "target_row_ms": 1.0}
     assert over["rows"][1]["tokens_per_s"] < out["rows"][1]["tokens_per_s"]
 
 
@@ -294,6 +294,8 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     (["--host-cores", "-1"], "tandem plan: --host-cores must be >= 0"),
     (["--draft-token-ms", "-1"], "tandem plan: --draft-token-ms must be >= 0"),
     (["--ahead-step-ms", "-1"], "tandem plan: --ahead-step-ms must be >= 0"),
+    (["--target-row-ms", "-1"], "tandem plan: --target-row-ms must be >= 0"),
+    (["--handling-ms", "-1"], "tandem plan: --handling-ms must be >= 0"),
     (["--acceptance-by-position", "0.5,x"], "tandem plan: --acceptance-by-position must be numbers separated by "
                                             "commas, got '0.5,x'"),
     (["--acceptance-by-position", "0.5,1.5"], "tandem plan: --acceptance-by-position must be one or more numbers "
@@ -351,6 +353,11 @@ def test_a_load_started_together_moves_as_one_cohort():
     assert load_tokens_per_s(costs, cluster, 0, 4, seeds=3) == pytest.approx(1e3 * 4 * tokens / load_ms, rel=1e-12)
     # Twice the sessions through the same four slots: twice the time.
     assert load_tokens_per_s(costs, cluster, 0, 8, seeds=3) == pytest.approx(1e3 * 4 * tokens / load_ms, rel=1e-12)
+    # Each of its `tokens` passes has three rows past its first, and each costs target_row_ms;
+    # each of its four rows' handling, handling_ms, waits for the pass.
+    rows = replace(costs, target_row_ms=0.7, handling_ms=0.4)
+    assert load_tokens_per_s(rows, cluster, 0, 4, seeds=3) == pytest.approx(
+        1e3 * 4 * tokens / (load_ms + tokens * (3 * 0.7 + 4 * 0.4)), rel=1e-12)
 
 
 def test_a_load_ends_with_fewer_in_flight():
