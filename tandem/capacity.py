@@ -34,8 +34,9 @@ back to back; a pass takes the next step of the waiting jobs in arrival order, w
 fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
 tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms)
 for each of its jobs past the first, and the handling of the rows it runs the first step of
-(Costs.handling_ms: on a CPU the worker's process runs it between passes). A γ-token draft takes part in γ
-passes; a job that arrives during a pass waits for the next. Before a pass, a worker holds it for
+(Costs.handling_ms: on a CPU the worker's process runs it between passes). A γ-token draft takes
+part in γ passes; a job that arrives during a pass waits for the next. Before a pass, a worker
+holds it for
 the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its
 fixed cost from now) until they come or that time is up, as tandem.services.holding does, so that
 cohorts meet. call_ms is the worker's CPU outside passes, taken to run beside the device (it
@@ -64,8 +65,9 @@ started together, as a benchmark's client runs them: its tokens/s counts its sta
 What it leaves out: KV-cache memory (no session is refused or evicted, however many), the draft's
 prefill of the prompt and its catch-up on a session's first draft call, adaptive γ (γ is fixed per
 run; the last cycle does not shorten its draft to what the session lacks), token trees, a call's
-CPU per row beside the passes (call_ms is per call), network jitter and bandwidth, and failures. Costs are taken as measured (the fits
-that tandem's γ policy keeps per worker: orchestrator/policy.py).
+CPU per row beside the passes (call_ms is per call), network jitter and bandwidth, and failures.
+Costs are taken as measured (the fits that tandem's γ policy keeps per worker:
+orchestrator/policy.py).
 """
 
 from __future__ import annotations
