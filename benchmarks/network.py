@@ -528,13 +528,13 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     rows = passes.get("rows", {})
     lone_zero = next(r for r in alone if r["mode"] == cluster_mode(0) and r["delay_ms"] == 0.0)
     handling = _handling_ms(lone_zero)
+    call = max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"]
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
                  draft_row_ms=rows.get("draft", 0.0), target_row_ms=rows.get("target", 0.0), alpha=alpha,
                  bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
                  orchestrator_ms=plain[0.0]["orchestration_ms"],
-                 call_ms=max(0.0, max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"]
-                             - handling), handling_ms=handling,
+                 call_ms=max(0.0, call - handling), handling_ms=handling,
                  draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
                  ahead_step_ms=_ahead_step_ms(alone, passes), prompt_tokens=prompt)
 
