@@ -64,6 +64,7 @@ from tandem.bench.runs import ahead_setting, cluster_mode, concurrent_runs
 from tandem.bench.summary import acceptance, acceptance_by_position, concurrency_row, cycles
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
+from tandem.capacity import cold_ms as capacity_cold_ms
 from tandem.capacity import pass_ms as capacity_pass_ms
 from tandem.cli import HELDOUT_PROMPTS, default_pair, head_for
 from tandem.math.analytic import expected_tokens
@@ -423,7 +424,8 @@ def _lacks(rows: list[dict]) -> str | None:
 def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
     """The pass timings calibrate uses: --passes FILE's, else the sweep's own (the mean of its
     timings before and after its points), else timed now. JSON keeps the sizes as strings. A
-    sweep from before the rows were timed has no "rows" (a row then costs nothing more)."""
+    sweep from before the rows were timed has no "rows" (a row then costs nothing more); one from
+    before the idles were timed gets them timed now, on this machine as it is now."""
     if args.passes:
         timings = [json.loads(Path(args.passes).read_text())["pass_ms"]]
     elif sweep.get("pass_ms"):
@@ -434,7 +436,30 @@ def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
             for model in ("draft", "target")}
     if all("rows" in t for t in timings):
         mean["rows"] = {model: float(np.mean([t["rows"][model] for t in timings])) for model in ("draft", "target")}
+    if all("cold" in t for t in timings):
+        mean["cold"] = {model: {int(idle): float(np.mean([t["cold"][model][idle] for t in timings]))
+                                for idle in timings[0]["cold"][model]} for model in ("draft", "target")}
+    else:
+        context = mean_context(prompt, sweep["args"]["max_tokens"])
+        mean["cold"] = {name: cold_ms(_pass_runner(Path(path)), context) for name, path in
+                        (("draft", draft), ("target", target))}
     return mean
+
+
+def _cold_costs(cold: dict) -> dict:
+    """Costs' draft_cold_ms, target_cold_ms and cold_after_ms from the timed idles' extra ms
+    (cold_ms, per model): most · (1 − e^(−idle / after)), by least squares, one `after` for both."""
+    idles = np.array(IDLES_MS, dtype=float)
+    extra = {model: np.array([cold[model].get(idle, 0.0) for idle in IDLES_MS]) for model in ("draft", "target")}
+    best = None
+    for after in np.arange(1.0, 60.5, 0.5):
+        x = -np.expm1(-idles / after)
+        most = {model: max(0.0, float(x @ y / (x @ x))) for model, y in extra.items()}
+        error = sum(float(np.sum((most[model] * x - y) ** 2)) for model, y in extra.items())
+        if best is None or error < best[0]:
+            best = error, {"draft_cold_ms": most["draft"], "target_cold_ms": most["target"],
+                           "cold_after_ms": float(after)}
+    return best[1]
 
 
 def mean_context(prompt: int, max_tokens: int) -> int:
@@ -443,18 +468,24 @@ def mean_context(prompt: int, max_tokens: int) -> int:
 
 
 def time_passes(draft: str, target: str, prompt: int, context: int, repetitions: int = 15) -> dict:
-    """Both models' passes (pass_ms) at this context, the target's prefill of the prompt, and
-    what a row costs (row_ms) → {"draft": {tokens: ms}, "target": {…}, "rows": {model: ms}}."""
+    """Both models' passes (pass_ms) at this context, the target's prefill of the prompt, what a
+    row costs (row_ms) and what a pass costs more after an idle (cold_ms) → {"draft": {tokens: ms},
+    "target": {…}, "rows": {model: ms}, "cold": {model: {idle ms: ms}}}."""
     models = {"draft": _pass_runner(Path(draft)), "target": _pass_runner(Path(target))}
     timings = {name: pass_ms(run, PASS_TOKENS, context, repetitions) for name, run in models.items()}
     timings["target"][prompt] = pass_ms(models["target"], (prompt,), 0, repetitions)[prompt]
     timings["rows"] = {name: row_ms(run, context, repetitions) for name, run in models.items()}
+    timings["cold"] = {name: cold_ms(run, context, COLD_TIMES * repetitions) for name, run in models.items()}
     return timings
 
 
 # Pass sizes calibrate measures: a lone session's steps and blocks, and 8 sessions' passes.
 PASS_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 72)
 ROWS = 8  # the rows of the pass that row_ms times: 8 sessions in flight
+IDLES_MS = (2, 5, 10, 20, 40)  # the idles cold_ms times a pass after
+# cold_ms's repetitions per pass_ms's: a difference of two medians is noisier than either (on the
+# shipped target, 15 gave 0.8 ms more after 2 ms idle where 40 gave nothing).
+COLD_TIMES = 3
 
 
 def _pass_runner(model_dir: Path) -> LlamaPass:
@@ -484,14 +515,28 @@ def row_ms(run: LlamaPass, context: int, repetitions: int = 15) -> float:
     return max(0.0, float(np.median(rows) - np.median(one)) / (ROWS - 1))
 
 
-def _timed_pass(run: LlamaPass, context: int, rows: int, tokens: int) -> float:
-    """One pass of `rows` sessions' `tokens` each, each on a cache of `context` tokens of its own → ms."""
+def cold_ms(run: LlamaPass, context: int, repetitions: int = 45) -> dict[int, float]:
+    """What a one-token pass costs more after its thread idled, per idle in IDLES_MS: its median
+    after the idle less its median back to back (tandem.capacity.Costs.*_cold_ms)."""
+    times: dict[int, list[float]] = {idle: [] for idle in (0, *IDLES_MS)}
+    for _ in range(repetitions):
+        for idle in times:
+            times[idle].append(_timed_pass(run, context, 1, 1, idle))
+    warm = float(np.median(times[0]))
+    return {idle: float(np.median(times[idle])) - warm for idle in IDLES_MS}
+
+
+def _timed_pass(run: LlamaPass, context: int, rows: int, tokens: int, idle_ms: float = 0.0) -> float:
+    """One pass of `rows` sessions' `tokens` each, each on a cache of `context` tokens of its own,
+    idle_ms after the caches were filled → ms."""
     with torch.inference_mode():
         caches = [run.new_cache() for _ in range(rows)]
         for cache in caches:
             if context:
                 run.forward(cache, 0, list(range(200, 200 + context)), keep=1)
         feeds = [Feed(cache, context, list(range(100, 100 + tokens)), tokens) for cache in caches]
+        if idle_ms:
+            time.sleep(idle_ms / 1e3)
         start = time.perf_counter()
         run.forward_batch(feeds)
         elapsed = (time.perf_counter() - start) * 1e3
@@ -507,11 +552,12 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       and a row's cost past a pass's first;
     - α as the i.i.d. rate that gives the mean acceptance length its γ had in the workload's
       lone runs (at every delay: acceptance does not depend on it);
-    - from γ = 0's lone cycles: the call's CPU as the verifier's time beyond its pass plus the
-      transport at zero delay (gRPC's encoding, the delay proxy's relaying, the event loops), of
-      which the verifier's process takes the handling (_handling_ms) between its passes, the
-      round trip as what the transport takes more at the point's delay, and the orchestrator's
-      time per cycle;
+    - what a pass costs more after its worker idled (_cold_costs);
+    - from γ = 0's lone cycles: the call's CPU as the verifier's time beyond its pass (and the
+      pass's coldness after the rest of the cycle) plus the transport at zero delay (gRPC's
+      encoding, the delay proxy's relaying, the event loops), of which the verifier's process
+      takes the handling (_handling_ms) between its passes, the round trip as what the transport
+      takes more at the point's delay, and the orchestrator's time per cycle;
     - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, and a
       draft-ahead call's per step (_ahead_step_ms);
     - drafting ahead's rates of right guesses (_fit_guess_rates)."""
@@ -528,9 +574,14 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     rows = passes.get("rows", {})
     lone_zero = next(r for r in alone if r["mode"] == cluster_mode(0) and r["delay_ms"] == 0.0)
     handling = _handling_ms(lone_zero)
-    call = max(0.0, plain[0.0]["verify_ms"] - passes["target"][1]) + plain[0.0]["transport_ms"]
+    cold = _cold_costs(passes["cold"]) if "cold" in passes else {}
+    # γ = 0's verify alone came after the rest of its cycle idle: its pass colder than the table's.
+    zero = plain[0.0]
+    zero_cold = capacity_cold_ms(cold.get("target_cold_ms", 0.0), zero["total_ms"] - zero["verify_ms"],
+                                 cold.get("cold_after_ms", 1.0))
+    call = max(0.0, zero["verify_ms"] - passes["target"][1] - zero_cold) + zero["transport_ms"]
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
-                 draft_row_ms=rows.get("draft", 0.0), target_row_ms=rows.get("target", 0.0), alpha=alpha,
+                 draft_row_ms=rows.get("draft", 0.0), target_row_ms=rows.get("target", 0.0), **cold, alpha=alpha,
                  bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
                  orchestrator_ms=plain[0.0]["orchestration_ms"],

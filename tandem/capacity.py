@@ -34,10 +34,10 @@ back to back; a pass takes the next step of the waiting jobs in arrival order, w
 fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
 tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms)
 for each of its jobs past the first, and the handling of the rows it runs the first step of
-(Costs.handling_ms: on a CPU the worker's process runs it between passes). A γ-token draft takes
+(Costs.handling_ms: on a CPU the worker's process runs it between passes), and more when the
+worker idled before it (Costs.*_cold_ms: caches and clocks gone cold). A γ-token draft takes
 part in γ passes; a job that arrives during a pass waits for the next. Before a pass, a worker
-holds it for
-the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its
+holds it for the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its
 fixed cost from now) until they come or that time is up, as tandem.services.holding does, so that
 cohorts meet. call_ms is the worker's CPU outside passes, taken to run beside the device (it
 delays the call, not the passes). Each worker and replica has a processor of its own, unless the
@@ -90,6 +90,7 @@ BLOCK_CYCLES, BLOCK_PER_SESSION = 500, 4
 MIN_BLOCKS = 10
 PRECISION = 0.004
 MAX_CYCLES = 30_000
+MAX_COLD_STEPS = 200  # lone_cycle_ms's fixed point: each step shrinks the error cold_ms / cold_after_ms-fold
 # Drafters per verifier the planner tries (up to its maximum, and the maximum itself).
 RATIOS = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -142,6 +143,14 @@ class Costs:
     # 0.39 at 190: at the test bed's contexts a pass of 8 sessions' tokens cost 1.3× one session's.
     draft_row_ms: float = 0.0
     target_row_ms: float = 0.0
+    # What a pass costs more when its worker has been idle: the most (after a long idle), reached
+    # as 1 − e^(−idle / cold_after_ms). Timed on the test bed's host (a VM), a one-token pass after
+    # 20 ms asleep took 0.8 ms more on the draft model (1.8× its pass) and 1.3 ms more on the
+    # target; back to back, nothing more. A lone session's worker idles every cycle, one under
+    # load hardly ever.
+    draft_cold_ms: float = 0.0
+    target_cold_ms: float = 0.0
+    cold_after_ms: float = 10.0
     prompt_tokens: int = 128  # a new session's prefill
     max_batch_tokens: int = 512  # the most tokens one pass takes
     # Drafting ahead: how often the draft's guess is the verify's last token, after a full accept
@@ -163,8 +172,9 @@ class Costs:
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
                      "must be in [0, 1]")
         for name in ("rtt_ms", "orchestrator_ms", "call_ms", "handling_ms", "draft_token_ms", "background_ms",
-                     "draft_row_ms", "target_row_ms"):
+                     "draft_row_ms", "target_row_ms", "draft_cold_ms", "target_cold_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
+        _require(0 < self.cold_after_ms < math.inf, "cold_after_ms", "must be > 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 1, name, "must be an integer >= 1")
@@ -317,10 +327,26 @@ class Window:
 def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     """A decoding cycle's wall time with nothing else in the cluster: γ one-token draft passes,
     a verify pass of γ + 1 tokens, a round trip, a call and its handling per worker call, the
-    orchestrator."""
-    calls = 2 if gamma > 0 else 1
-    return (gamma * (pass_ms(costs.draft_pass, 1) + costs.draft_token_ms) + pass_ms(costs.target_pass, gamma + 1)
-            + calls * (costs.rtt_ms + costs.call_ms + costs.handling_ms) + costs.orchestrator_ms)
+    orchestrator; and each worker's first pass of the cycle colder for the rest of the cycle,
+    when it idled (cold_ms: found as the fixed point, a pass's coldness growing with the cycle)."""
+    drafter = gamma * pass_ms(costs.draft_pass, 1) + costs.handling_ms if gamma else 0.0  # its passes' work
+    verifier = pass_ms(costs.target_pass, gamma + 1) + costs.handling_ms
+    warm = (drafter + verifier + gamma * costs.draft_token_ms + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
+            + costs.orchestrator_ms)
+    draft_cold = target_cold = 0.0
+    for _ in range(MAX_COLD_STEPS):  # a contraction: a ms more of idle adds < cold_ms / cold_after_ms
+        cycle = warm + draft_cold + target_cold
+        draft_cold = cold_ms(costs.draft_cold_ms, cycle - drafter - draft_cold, costs.cold_after_ms) if gamma else 0.0
+        target_cold = cold_ms(costs.target_cold_ms, cycle - verifier - target_cold, costs.cold_after_ms)
+        if abs(warm + draft_cold + target_cold - cycle) < 1e-12 * cycle:
+            break
+    return warm + draft_cold + target_cold
+
+
+def cold_ms(most_ms: float, idle_ms: float, after_ms: float) -> float:
+    """What a pass costs more after its worker idled idle_ms: most_ms · (1 − e^(−idle / after_ms))
+    (Costs.draft_cold_ms or target_cold_ms, and cold_after_ms)."""
+    return most_ms * -math.expm1(-max(idle_ms, 0.0) / after_ms)
 
 
 def closed_form_tokens_per_s(costs: Costs, gamma: int) -> float:
@@ -418,19 +444,22 @@ class _Worker:
     """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step,
     its call, not yet handled]), the pass it runs, and what it did in the window."""
 
-    __slots__ = ("drafts", "cost", "row_ms", "handling_ms", "cap", "hold_ms", "waiting", "batch", "pass_start",
-                 "busy_ms", "passes", "tokens", "answered", "way_round", "holding", "hold_stamp")
+    __slots__ = ("drafts", "cost", "row_ms", "cold_ms", "handling_ms", "cap", "hold_ms", "waiting", "batch",
+                 "pass_start", "pass_end", "busy_ms", "passes", "tokens", "answered", "way_round", "holding",
+                 "hold_stamp")
 
-    def __init__(self, drafts: bool, cost: tuple, row_ms: float, handling_ms: float, cap: int) -> None:
+    def __init__(self, drafts: bool, cost: tuple, row_ms: float, cold: float, costs: Costs) -> None:
         self.drafts = drafts
         self.cost = cost  # a pass's (Costs.draft_pass or target_pass)
         self.row_ms = row_ms  # and per row past its first (Costs.draft_row_ms or target_row_ms)
-        self.handling_ms = handling_ms  # and per row at its first step (Costs.handling_ms)
-        self.cap = cap
+        self.cold_ms = cold  # and at most after an idle (Costs.draft_cold_ms or target_cold_ms)
+        self.handling_ms = costs.handling_ms  # and per row at its first step
+        self.cap = costs.max_batch_tokens
         self.hold_ms = HOLD_SHARE * pass_ms(cost, 0)  # a share of the pass's fixed cost
         self.waiting: list[list] = []
         self.batch: list[list] | None = None  # None: idle
         self.pass_start = 0.0
+        self.pass_end = -math.inf  # when its last pass ended: it starts cold
         self.busy_ms, self.passes, self.tokens = 0.0, 0, 0
         self.answered: dict[int, float] = {}  # slot → when its last row was answered
         self.way_round: dict[int, float] = {}  # slot → how long its last way round took
@@ -457,10 +486,10 @@ class _Run:
     def __init__(self, costs: Costs, cluster: Cluster, gamma: int, seed: int) -> None:
         self.costs, self.cluster, self.gamma = costs, cluster, gamma
         self.rng = random.Random(seed)
-        self.drafters = [_Worker(True, costs.draft_pass, costs.draft_row_ms, costs.handling_ms, costs.max_batch_tokens)
+        self.drafters = [_Worker(True, costs.draft_pass, costs.draft_row_ms, costs.draft_cold_ms, costs)
                          for _ in range(cluster.drafters)]
-        self.verifiers = [_Worker(False, costs.target_pass, costs.target_row_ms, costs.handling_ms,
-                                  costs.max_batch_tokens) for _ in range(cluster.verifiers)]
+        self.verifiers = [_Worker(False, costs.target_pass, costs.target_row_ms, costs.target_cold_ms, costs)
+                          for _ in range(cluster.verifiers)]
         self.replica_busy = [False] * cluster.replicas
         self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # answered slots, in order
         self.cores = _Cores(self, cluster.host_cores)
@@ -691,10 +720,12 @@ class _Run:
         handled = sum(job[5] for job in worker.batch)  # rows at their first step
         for job in worker.batch:
             job[5] = False
-        work = pass_ms(worker.cost, tokens) + worker.row_ms * (len(worker.batch) - 1) + worker.handling_ms * handled
+        work = (pass_ms(worker.cost, tokens) + worker.row_ms * (len(worker.batch) - 1) + worker.handling_ms * handled
+                + cold_ms(worker.cold_ms, self.now - worker.pass_end, self.costs.cold_after_ms))
         self.cores.start(work, _PASS_END, worker)
 
     def end_pass(self, worker: _Worker) -> None:
+        worker.pass_end = self.now
         if self.measuring:
             worker.busy_ms += self.now - max(worker.pass_start, self.t0)
         going_on = []

@@ -980,6 +980,12 @@ def parser() -> argparse.ArgumentParser:
                                                             "beyond its tokens' (default 0)")
     cluster.add_argument("--target-row-ms", type=float, help="a verify pass's cost per session in it past the first, "
                                                              "beyond its tokens' (default 0)")
+    cluster.add_argument("--draft-cold-ms", type=float, help="what a draft pass costs more, at most, after its worker "
+                                                             "idled (default 0)")
+    cluster.add_argument("--target-cold-ms", type=float, help="what a verify pass costs more, at most, after its "
+                                                              "worker idled (default 0)")
+    cluster.add_argument("--cold-after-ms", type=float, help="the idle (ms) at which a pass has 63 %% of that more: "
+                                                             "1 - e^(-idle / it) (default 10)")
     cluster.add_argument("--background-ms", type=float, help="CPU per cycle that no call waits for (streaming the "
                                                              "tokens, Redis's server): it loads --host-cores only "
                                                              "(default 0)")

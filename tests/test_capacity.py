@@ -2,6 +2,7 @@
 the planner's answer for one input, and `tandem plan --cluster`."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -47,6 +48,47 @@ def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
         assert got.drafter_utilization is None
     assert got.tokens_per_verify_pass == gamma + 1
     assert got.per_session_tokens_per_s == got.tokens_per_s
+
+
+@pytest.mark.parametrize("gamma", [0, 1, 4])
+@pytest.mark.parametrize("host_cores", [0, 1])
+def test_a_lone_sessions_workers_start_each_cycle_cold(gamma, host_cores):
+    """Alone, each worker idles for the rest of every cycle, so its first pass costs
+    cold_ms · (1 − e^(−idle / cold_after_ms)) more: the verifier idles for the drafter's passes,
+    and the drafter for the verifier's, so the cycle is a fixed point, found here by bisection."""
+    costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=0.7, rtt_ms=1.0, orchestrator_ms=0.5,
+                  call_ms=0.3, handling_ms=0.2, draft_cold_ms=0.8, target_cold_ms=1.5, cold_after_ms=12.0)
+    drafter = gamma * 2.02 + 0.2 if gamma else 0.0
+    verifier = 20.0 + 0.1 * (gamma + 1) + 0.2
+    warm = drafter + verifier + (2 if gamma else 1) * (1.0 + 0.3) + 0.5
+
+    def target_cold(draft_cold: float) -> float:  # the verifier idles for all but its own pass
+        return 1.5 * (1 - math.exp(-(warm + draft_cold - verifier) / 12.0))
+
+    low, high = 0.0, 0.8 if gamma else 0.0  # the drafter's coldness, where its own equation holds
+    for _ in range(200):
+        mid = (low + high) / 2
+        if 0.8 * (1 - math.exp(-(warm + target_cold(mid) - drafter) / 12.0)) > mid:
+            low = mid
+        else:
+            high = mid
+    cycle = warm + low + target_cold(low)
+    assert lone_cycle_ms(costs, gamma) == pytest.approx(cycle, rel=1e-9)
+    got = lone(costs, gamma, host_cores=host_cores)
+    assert got.cycle_ms == pytest.approx(cycle, rel=1e-9)
+    assert got.tokens_per_s == pytest.approx(1e3 * expected_tokens(0.7, gamma) / cycle, rel=1e-9)
+    assert cycle > lone_cycle_ms(replace(costs, draft_cold_ms=0.0, target_cold_ms=0.0), gamma)
+
+
+def test_passes_back_to_back_are_warm():
+    """A verifier that runs its passes back to back (no round trip, no turn between them) pays its
+    cold_ms once, for its first pass: a load's time is the same but for that."""
+    costs = Costs(draft_pass=(1.0, 0.0), target_pass=(10.0, 0.5), alpha=0.5, prompt_tokens=8)
+    cluster, tokens = Cluster(0, 1, 4, tokens_per_session=16), 16
+    load_ms = (10.0 + 0.5 * 4 * 8) + (tokens - 1) * (10.0 + 0.5 * 4)
+    assert load_tokens_per_s(costs, cluster, 0, 4) == pytest.approx(1e3 * 4 * tokens / load_ms, rel=1e-12)
+    cold = replace(costs, target_cold_ms=5.0)
+    assert load_tokens_per_s(cold, cluster, 0, 4) == pytest.approx(1e3 * 4 * tokens / (load_ms + 5.0), rel=1e-12)
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 8])
@@ -243,7 +285,8 @@ def test_cli_json(capsys):
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                             "orchestrator_ms": 0.0, "call_ms": 0.0, "handling_ms": 0.0, "draft_token_ms": 0.0,
                             "acceptance_by_position": None, "ahead_step_ms": None, "background_ms": 0.0,
-                            "draft_row_ms": 0.0, "target_row_ms": 0.0, "prompt_tokens": 128, "bonus_guess": None,
+                            "draft_row_ms": 0.0, "target_row_ms": 0.0, "draft_cold_ms": 0.0, "target_cold_ms": 0.0,
+                            "cold_after_ms": 10.0, "prompt_tokens": 128, "bonus_guess": None,
                             "recovered_guess": None, "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
     row_fields = {"drafters", "verifiers", "drafters_per_verifier", "gamma", "gpus", "tokens_per_s", "tokens_per_s_se",
@@ -270,7 +313,8 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                 "orchestrator_ms": 0.2, "call_ms": 0.1, "handling_ms": 0.3, "draft_token_ms": 0.05,
-                "background_ms": 0.0, "draft_row_ms": 0.01, "target_row_ms": 0.2, "prompt_tokens": 32,
+                "background_ms": 0.0, "draft_row_ms": 0.01, "target_row_ms": 0.2, "draft_cold_ms": 0.4,
+                "target_cold_ms": 1.2, "cold_after_ms": 12.0, "prompt_tokens": 32,
                 "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
@@ -297,6 +341,8 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     (["--ahead-step-ms", "-1"], "tandem plan: --ahead-step-ms must be >= 0"),
     (["--target-row-ms", "-1"], "tandem plan: --target-row-ms must be >= 0"),
     (["--handling-ms", "-1"], "tandem plan: --handling-ms must be >= 0"),
+    (["--target-cold-ms", "-1"], "tandem plan: --target-cold-ms must be >= 0"),
+    (["--cold-after-ms", "0"], "tandem plan: --cold-after-ms must be > 0"),
     (["--acceptance-by-position", "0.5,x"], "tandem plan: --acceptance-by-position must be numbers separated by "
                                             "commas, got '0.5,x'"),
     (["--acceptance-by-position", "0.5,1.5"], "tandem plan: --acceptance-by-position must be one or more numbers "
