@@ -558,6 +558,8 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       encoding, the delay proxy's relaying, the event loops), of which the verifier's process
       takes the handling (_handling_ms) between its passes, the round trip as what the transport
       takes more at the point's delay, and the orchestrator's time per cycle;
+    - the orchestrator's CPU per call to the drafter, from the lone run of the point's γ at the
+      least delay (_orchestrator_draft_call_ms);
     - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, and a
       draft-ahead call's per step (_ahead_step_ms);
     - drafting ahead's rates of right guesses (_fit_guess_rates)."""
@@ -580,11 +582,14 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     zero_cold = capacity_cold_ms(cold.get("target_cold_ms", 0.0), zero["total_ms"] - zero["verify_ms"],
                                  cold.get("cold_after_ms", 1.0))
     call = max(0.0, zero["verify_ms"] - passes["target"][1] - zero_cold) + zero["transport_ms"]
+    nearest = min(same_gamma, key=lambda r: r["delay_ms"])  # the point's γ alone, at the least delay
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
                  draft_row_ms=rows.get("draft", 0.0), target_row_ms=rows.get("target", 0.0), **cold, alpha=alpha,
                  bonus_guess=bonus, recovered_guess=recovered,
                  rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
-                 orchestrator_ms=plain[0.0]["orchestration_ms"],
+                 orchestrator_ms=zero["orchestration_ms"],
+                 orchestrator_draft_call_ms=_orchestrator_draft_call_ms(nearest, plain[nearest["delay_ms"]]) if gamma
+                 else 0.0,
                  call_ms=max(0.0, call - handling), handling_ms=handling,
                  draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
                  ahead_step_ms=_ahead_step_ms(alone, passes), prompt_tokens=prompt)
@@ -599,6 +604,17 @@ def _handling_ms(lone_zero: dict) -> float:
         return 0.0
     cycles_per_ms = lone_zero["aggregate_tokens_per_s"] / 1e3  # γ = 0: a token a cycle
     return max(0.0, sum(cores.values()) / cycles_per_ms - lone_zero["cycle"]["verify_ms"])
+
+
+def _orchestrator_draft_call_ms(lone: dict, zero: dict) -> float:
+    """The orchestrator's CPU per call to the drafter (Costs.orchestrator_draft_call_ms): a lone
+    drafting run's orchestration per cycle beyond γ = 0's (`zero`, its cycle), over its calls to
+    the drafter per cycle (its draft call where the block was not drafted ahead, its draft-ahead
+    call where it drafts ahead)."""
+    cycle = lone["cycle"]
+    share = cycle.get("drafted_ahead_share") or 0.0
+    calls = 1.0 - share + (1.0 if cycle.get("ahead_ms") else 0.0)
+    return max(0.0, cycle["orchestration_ms"] - zero["orchestration_ms"]) / calls
 
 
 def _ahead_step_ms(alone: list[dict], passes: dict) -> float | None:

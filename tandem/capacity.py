@@ -10,7 +10,9 @@ replica i mod R. A cycle of a session:
      γ · draft_token_ms of CPU and rtt/2 back;
   2. a verify call: rtt/2 to its verifier, one step of γ + 1 tokens (a new session's first cycle
      is its prefill: prompt_tokens, and no draft), call_ms of CPU and rtt/2 back;
-  3. orchestrator_ms on its replica's CPU, and background_ms on a host's shared cores.
+  3. orchestrator_ms on its replica's CPU, and orchestrator_draft_call_ms more per call it made
+     to a drafter (the draft call, a draft-ahead call; a batched call's rows share one);
+     background_ms on a host's shared cores.
 
 Calls go as tandem's control plane sends them (tandem.orchestrator.turns): the calls a replica
 makes in one turn of its event loop travel to each worker as one batched call, whose rows run
@@ -32,22 +34,22 @@ Costs.recovered_guess), the next cycle's block is ready: its verify goes at once
 A worker batches continuously, as tandem.services.batching does: while steps wait it runs passes
 back to back; a pass takes the next step of the waiting jobs in arrival order, whole, while they
 fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
-tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms)
-for each of its jobs past the first, and the handling of the rows it runs the first step of
-(Costs.handling_ms: on a CPU the worker's process runs it between passes), and more when the
-worker idled before it (Costs.*_cold_ms: caches and clocks gone cold). A γ-token draft takes
-part in γ passes; a job that arrives during a pass waits for the next. Before a pass, a worker
-holds it for the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its
-fixed cost from now) until they come or that time is up, as tandem.services.holding does, so that
-cohorts meet. call_ms is the worker's CPU outside passes, taken to run beside the device (it
-delays the call, not the passes). Each worker and replica has a processor of its own, unless the
-cluster shares a host's cores (Cluster.host_cores, as the test bed's processes share 2): then
-passes, calls, the orchestrator's cycles and the background work all run on those cores, shared as
-an OS shares them (_Cores); background_ms counts only there. A drafting cycle accepts k tokens,
-drawn by block position (the j-th drafted token accepted with probability a_j once the ones
-before it were, until the first rejection, k ≤ γ: Costs.acceptance_by_position, or α at every
-position), and outputs k + 1 (a prefill: 1); the last cycle of a session outputs only what the
-session still lacks.
+tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms) for
+each of its jobs past the first, and the handling of the rows it runs the first step of
+(Costs.handling_ms: on a CPU the worker's process runs it between passes), and more when the worker
+idled before it (Costs.*_cold_ms: caches and clocks gone cold). A γ-token draft takes part in γ
+passes; a job that arrives during a pass waits for the next. Before a pass, a worker holds it for
+the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its fixed
+cost from now) until they come or that time is up, as tandem.services.holding does, so that cohorts
+meet. call_ms is the worker's CPU outside passes, taken to run beside the device (it delays the
+call, not the passes). Each worker and replica has a processor of its own, unless the cluster
+shares a host's cores (Cluster.host_cores, as the test bed's processes share 2): then passes,
+calls, the orchestrator's cycles and the background work all run on those cores, shared as an OS
+shares them (_Cores); background_ms counts only there. A drafting cycle accepts k tokens, drawn by
+block position (the j-th drafted token accepted with probability a_j once the ones before it were,
+until the first rejection, k ≤ γ: Costs.acceptance_by_position, or α at every position), and
+outputs k + 1 (a prefill: 1); the last cycle of a session outputs only what the session still
+lacks.
 
 Measuring. Slots start mid-session at uniformly drawn points, their first cycles spread over
 a lone cycle (as a cluster in its steady state has them), and the first thousand cycles (eight
@@ -120,6 +122,11 @@ class Costs:
     alpha: float  # the chance that a drafted token is accepted, i.i.d. (unless acceptance_by_position)
     rtt_ms: float = 0.0  # orchestrator ↔ worker round trip, once per call
     orchestrator_ms: float = 0.0  # orchestrator CPU per cycle, one cycle at a time per replica
+    # and per call the cycle made to a drafter (a draft or a draft-ahead call): sending it, taking
+    # in its tokens and, sampled, their distributions. Measured on the test bed, alone at 0 ms:
+    # 0.15 ms a γ-0 cycle, 0.7–1.0 a drafting one (two calls to the drafter where not drafted
+    # ahead); at T = 1, 3.2 at γ = 6 and 5.3 at γ = 8.
+    orchestrator_draft_call_ms: float = 0.0
     call_ms: float = 0.0  # a worker's CPU per call outside its passes, beside them
     # A worker's CPU per row of a call that its passes wait for: a CPU worker is one Python process,
     # whose gRPC handling and model thread take turns at the interpreter lock. It is counted in the
@@ -171,8 +178,9 @@ class Costs:
             value = getattr(self, name)
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
                      "must be in [0, 1]")
-        for name in ("rtt_ms", "orchestrator_ms", "call_ms", "handling_ms", "draft_token_ms", "background_ms",
-                     "draft_row_ms", "target_row_ms", "draft_cold_ms", "target_cold_ms"):
+        for name in ("rtt_ms", "orchestrator_ms", "orchestrator_draft_call_ms", "call_ms", "handling_ms",
+                     "draft_token_ms", "background_ms", "draft_row_ms", "target_row_ms", "draft_cold_ms",
+                     "target_cold_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         _require(0 < self.cold_after_ms < math.inf, "cold_after_ms", "must be > 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
@@ -327,12 +335,12 @@ class Window:
 def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     """A decoding cycle's wall time with nothing else in the cluster: γ one-token draft passes,
     a verify pass of γ + 1 tokens, a round trip, a call and its handling per worker call, the
-    orchestrator; and each worker's first pass of the cycle colder for the rest of the cycle,
+    orchestrator's CPU (and its draft call's); and each worker's first pass of the cycle colder for the rest of the cycle,
     when it idled (cold_ms: found as the fixed point, a pass's coldness growing with the cycle)."""
     drafter = gamma * pass_ms(costs.draft_pass, 1) + costs.handling_ms if gamma else 0.0  # its passes' work
     verifier = pass_ms(costs.target_pass, gamma + 1) + costs.handling_ms
     warm = (drafter + verifier + gamma * costs.draft_token_ms + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
-            + costs.orchestrator_ms)
+            + costs.orchestrator_ms + (costs.orchestrator_draft_call_ms if gamma else 0.0))
     draft_cold = target_cold = 0.0
     for _ in range(MAX_COLD_STEPS):  # a contraction: a ms more of idle adds < cold_ms / cold_after_ms
         cycle = warm + draft_cold + target_cold
@@ -518,6 +526,7 @@ class _Run:
         self.in_replica = [len(range(r, s, cluster.replicas)) for r in range(cluster.replicas)]
         self.awaiting = [0] * s
         self.ahead = [False] * s
+        self.draft_calls = [0.0] * s  # the calls its cycle made to its drafter, each its share of one
         self.ready = [False] * s
         self.guess_rates = _guess_rates(costs)
         self.drafting_cycles, self.ready_cycles = 0, 0
@@ -528,9 +537,13 @@ class _Run:
     # -- sessions' cycles
 
     def send(self, calls: dict[tuple[_Worker, int], list[tuple[int, int, int]]]) -> None:
-        """A turn's rows, one batched call per worker and kind, each on its way (half a round trip)."""
+        """A turn's rows, one batched call per worker and kind, each on its way (half a round trip).
+        A call to a drafter costs the replica orchestrator_draft_call_ms once, shared by its rows."""
         for (worker, kind), rows in calls.items():
             self.at(self.now + self.half_rtt, _ARRIVE, _Call(worker, kind, rows))
+            if kind != _VERIFY:
+                for slot, _, _ in rows:
+                    self.draft_calls[slot] += 1 / len(rows)
 
     def start_cycles(self, slots: list[int]) -> None:
         """The slots' next calls, made in one turn of their replica: a prefill's, γ = 0's or a
@@ -538,6 +551,7 @@ class _Run:
         calls: dict[tuple[_Worker, int], list[tuple[int, int, int]]] = {}
         for slot in slots:
             self.cycle_start[slot] = self.now
+            self.draft_calls[slot] = 0.0
             if self.prefill[slot]:
                 self.verify(calls, slot, self.costs.prompt_tokens)
             elif self.ready[slot]:
@@ -586,8 +600,8 @@ class _Run:
         self.send(calls)
 
     def reply(self, slots: list[int]) -> None:
-        """Answers reach their replica, whose CPU runs orchestrator_ms per cycle once a cycle has
-        all of them (its verify's, and its draft-ahead's): those whose answers came while it was
+        """Answers reach their replica, whose CPU runs each cycle (turn_ms) once it has all its
+        answers (its verify's, and its draft-ahead's): those whose answers came while it was
         busy all at once, next (one turn of its event loop)."""
         done = []
         for slot in slots:
@@ -601,7 +615,13 @@ class _Run:
             self.replica_queue[replica].extend(done)
         else:
             self.replica_busy[replica] = True
-            self.cores.start(len(done) * self.costs.orchestrator_ms, _CYCLE_END, done)
+            self.cores.start(self.turn_ms(done), _CYCLE_END, done)
+
+    def turn_ms(self, slots: list[int]) -> float:
+        """The replica's CPU for these cycles: orchestrator_ms each, and orchestrator_draft_call_ms
+        per call they made to a drafter (a batched call's rows share it)."""
+        costs = self.costs
+        return sum(costs.orchestrator_ms + costs.orchestrator_draft_call_ms * self.draft_calls[slot] for slot in slots)
 
     def end_cycles(self, slots: list[int], window: Window | None) -> bool:
         """The turn's cycles end, and their next calls go out together → whether the window is
@@ -609,7 +629,7 @@ class _Run:
         replica = slots[0] % len(self.replica_busy)
         if queued := self.replica_queue[replica]:
             self.replica_queue[replica] = []
-            self.cores.start(len(queued) * self.costs.orchestrator_ms, _CYCLE_END, queued)
+            self.cores.start(self.turn_ms(queued), _CYCLE_END, queued)
         else:
             self.replica_busy[replica] = False
         if self.costs.background_ms and self.cluster.host_cores:

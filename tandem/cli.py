@@ -967,6 +967,9 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--acceptance-by-position", metavar="A1,A2,...", help="a block's acceptance per "
                          "position, each given the ones before it (past the last, the last; default: --alpha at "
                          "every position)")
+    cluster.add_argument("--orchestrator-draft-call-ms", type=float, help="orchestrator CPU per call to a drafter "
+                                                                          "(a draft or draft-ahead call), beyond "
+                                                                          "--orchestrator-ms (default 0)")
     cluster.add_argument("--call-ms", type=float, help="a worker's CPU per call outside its passes, beside them "
                                                        "(default 0)")
     cluster.add_argument("--handling-ms", type=float, help="a worker's CPU per row of a call that its passes wait for "

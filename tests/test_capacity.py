@@ -32,10 +32,11 @@ def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
     """Alone, a session's passes, calls and cycles run one after another: one shared core serves
     it as well as a processor per worker. A call's handling is its worker's work (in its pass)."""
     costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=alpha, rtt_ms=rtt_ms, orchestrator_ms=0.5,
-                  call_ms=0.3, handling_ms=0.2, draft_token_ms=0.07)
+                  orchestrator_draft_call_ms=0.25, call_ms=0.3, handling_ms=0.2, draft_token_ms=0.07)
     expected = closed_form_tokens_per_s(costs, gamma)
     calls = 2 if gamma else 1
     cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3 + 0.2) + 0.5  # by hand
+    cycle += 0.25 if gamma else 0.0  # the orchestrator's CPU for its draft call
     assert expected == pytest.approx(1e3 * expected_tokens(alpha, gamma) / cycle, rel=1e-12)
     got = lone(costs, gamma, host_cores=host_cores)
     # Exact but for rounding: every cycle is alike, and a cycle counts its expected output.
@@ -283,7 +284,7 @@ def test_cli_json(capsys):
     assert set(out) == {"costs", "sessions", "replicas", "host_cores", "draft_gpu_cost", "recommended",
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                            "orchestrator_ms": 0.0, "call_ms": 0.0, "handling_ms": 0.0, "draft_token_ms": 0.0,
+                            "orchestrator_ms": 0.0, "orchestrator_draft_call_ms": 0.0, "call_ms": 0.0, "handling_ms": 0.0, "draft_token_ms": 0.0,
                             "acceptance_by_position": None, "ahead_step_ms": None, "background_ms": 0.0,
                             "draft_row_ms": 0.0, "target_row_ms": 0.0, "draft_cold_ms": 0.0, "target_cold_ms": 0.0,
                             "cold_after_ms": 10.0, "prompt_tokens": 128, "bonus_guess": None,
@@ -312,7 +313,8 @@ def test_cli_table(capsys):
 def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
-                "orchestrator_ms": 0.2, "call_ms": 0.1, "handling_ms": 0.3, "draft_token_ms": 0.05,
+                "orchestrator_ms": 0.2, "orchestrator_draft_call_ms": 0.1, "call_ms": 0.1, "handling_ms": 0.3,
+                "draft_token_ms": 0.05,
                 "background_ms": 0.0, "draft_row_ms": 0.01, "target_row_ms": 0.2, "draft_cold_ms": 0.4,
                 "target_cold_ms": 1.2, "cold_after_ms": 12.0, "prompt_tokens": 32,
                 "max_batch_tokens": 256}
@@ -407,6 +409,22 @@ def test_a_load_started_together_moves_as_one_cohort():
         1e3 * 4 * tokens / (load_ms + tokens * (3 * 0.7 + 4 * 0.4)), rel=1e-12)
 
 
+def test_a_batched_draft_call_costs_the_replica_once():
+    """Four sessions drafting as one cohort (α = 0: a token a cycle): each cycle is a batched
+    draft call, a batched verify call and four cycles on the replica, and the replica's CPU for
+    the draft call, orchestrator_draft_call_ms, is paid once for the four rows."""
+    costs = Costs(draft_pass=(1.0, 0.0), target_pass=(10.0, 0.5), alpha=0.0, rtt_ms=20.0, orchestrator_ms=0.25,
+                  call_ms=1.5, prompt_tokens=8)
+    tokens, cluster = 16, Cluster(1, 1, 4, tokens_per_session=16)
+    prefill = 20.0 + 1.5 + 10.0 + 0.5 * 4 * 8 + 4 * 0.25
+    cycle = (20.0 + 1.5 + 1.0) + (20.0 + 1.5 + 10.0 + 0.5 * 4 * 2) + 4 * 0.25
+    load_ms = prefill + (tokens - 1) * cycle
+    assert load_tokens_per_s(costs, cluster, 1, 4) == pytest.approx(1e3 * 4 * tokens / load_ms, rel=1e-12)
+    dear = replace(costs, orchestrator_draft_call_ms=2.0)
+    assert load_tokens_per_s(dear, cluster, 1, 4) == pytest.approx(
+        1e3 * 4 * tokens / (load_ms + (tokens - 1) * 2.0), rel=1e-12)
+
+
 def test_a_load_ends_with_fewer_in_flight():
     """Sessions drafting at γ > 0 end at different cycles, so a load's last ones run with fewer
     beside them: its tokens/s falls short of the steady state's, less so the longer the load."""
@@ -439,11 +457,12 @@ def test_background_work_loads_shared_cores_only():
 def test_a_lone_session_that_always_guesses_right_only_waits_for_its_verifies():
     """Every block accepted whole and its bonus guessed: after its first cycle every cycle's
     block was drafted ahead, so a cycle is its verify call or its draft-ahead call, whichever is
-    longer (they run side by side), and the orchestrator's time. The draft-ahead call is one job
+    longer (they run side by side), and the orchestrator's time (the cycle's, and its draft-ahead
+    call's: orchestrator_draft_call_ms). The draft-ahead call is one job
     of 1 + min(γ, R) chains: a step is one pass of them and ahead_step_ms (draft_token_ms where
     that is not given)."""
     costs = Costs(draft_pass=(2.0, 0.5), target_pass=(20.0, 0.1), alpha=1.0, rtt_ms=10.0, orchestrator_ms=0.5,
-                  call_ms=0.3, draft_token_ms=0.05, bonus_guess=1.0)
+                  orchestrator_draft_call_ms=0.2, call_ms=0.3, draft_token_ms=0.05, bonus_guess=1.0)
     gamma = 4
     verify = 10.0 + 20.0 + 0.1 * (gamma + 1) + 0.3
     for draft_pass, rejections, step, slower in (((2.0, 0.5), 0, None, "verify"), ((8.0, 0.5), 0, None, "ahead"),
@@ -454,7 +473,7 @@ def test_a_lone_session_that_always_guesses_right_only_waits_for_its_verifies():
         per_step = pass_ms(draft_pass, 1 + rejections) + (0.05 if step is None else step)
         ahead = 10.0 + (gamma + 1) * per_step + 0.3
         assert max(verify, ahead) == (verify if slower == "verify" else ahead)
-        assert got.tokens_per_s == pytest.approx(1e3 * (gamma + 1) / (max(verify, ahead) + 0.5), rel=1e-9)
+        assert got.tokens_per_s == pytest.approx(1e3 * (gamma + 1) / (max(verify, ahead) + 0.5 + 0.2), rel=1e-9)
         assert got.drafted_ahead_share == 1.0
 
 
