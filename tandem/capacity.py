@@ -335,8 +335,9 @@ class Window:
 def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     """A decoding cycle's wall time with nothing else in the cluster: γ one-token draft passes,
     a verify pass of γ + 1 tokens, a round trip, a call and its handling per worker call, the
-    orchestrator's CPU (and its draft call's); and each worker's first pass of the cycle colder for the rest of the cycle,
-    when it idled (cold_ms: found as the fixed point, a pass's coldness growing with the cycle)."""
+    orchestrator's CPU (and its draft call's); and each worker's first pass of the cycle colder
+    for the rest of the cycle, which it idled (cold_ms; the fixed point: each worker idles for the
+    other's work, its coldness included)."""
     drafter = gamma * pass_ms(costs.draft_pass, 1) + costs.handling_ms if gamma else 0.0  # its passes' work
     verifier = pass_ms(costs.target_pass, gamma + 1) + costs.handling_ms
     warm = (drafter + verifier + gamma * costs.draft_token_ms + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
