@@ -579,8 +579,8 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     cold = _cold_costs(passes["cold"]) if "cold" in passes else {}
     # γ = 0's verify alone came after the rest of its cycle idle: its pass colder than the table's.
     zero = plain[0.0]
-    zero_cold = capacity_cold_ms(cold.get("target_cold_ms", 0.0), zero["total_ms"] - zero["verify_ms"],
-                                 cold.get("cold_after_ms", 1.0))
+    zero_cold = capacity_cold_ms(cold["target_cold_ms"], zero["total_ms"] - zero["verify_ms"],
+                                 cold["cold_after_ms"]) if cold else 0.0
     call = max(0.0, zero["verify_ms"] - passes["target"][1] - zero_cold) + zero["transport_ms"]
     nearest = min(same_gamma, key=lambda r: r["delay_ms"])  # the point's γ alone, at the least delay
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),

@@ -342,12 +342,14 @@ def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     verifier = pass_ms(costs.target_pass, gamma + 1) + costs.handling_ms
     warm = (drafter + verifier + gamma * costs.draft_token_ms + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
             + costs.orchestrator_ms + (costs.orchestrator_draft_call_ms if gamma else 0.0))
+    # Each worker idles for all of the cycle but its own work: the rest, and the other's coldness.
     draft_cold = target_cold = 0.0
     for _ in range(MAX_COLD_STEPS):  # a contraction: a ms more of idle adds < cold_ms / cold_after_ms
-        cycle = warm + draft_cold + target_cold
-        draft_cold = cold_ms(costs.draft_cold_ms, cycle - drafter - draft_cold, costs.cold_after_ms) if gamma else 0.0
-        target_cold = cold_ms(costs.target_cold_ms, cycle - verifier - target_cold, costs.cold_after_ms)
-        if abs(warm + draft_cold + target_cold - cycle) < 1e-12 * cycle:
+        draft_cold = cold_ms(costs.draft_cold_ms, warm - drafter + target_cold, costs.cold_after_ms) if gamma else 0.0
+        colder = cold_ms(costs.target_cold_ms, warm - verifier + draft_cold, costs.cold_after_ms)
+        done = abs(colder - target_cold) < 1e-13 * warm
+        target_cold = colder
+        if done:
             break
     return warm + draft_cold + target_cold
 
@@ -457,14 +459,14 @@ class _Worker:
                  "pass_start", "pass_end", "busy_ms", "passes", "tokens", "answered", "way_round", "holding",
                  "hold_stamp")
 
-    def __init__(self, drafts: bool, cost: tuple, row_ms: float, cold: float, costs: Costs) -> None:
+    def __init__(self, drafts: bool, costs: Costs) -> None:
         self.drafts = drafts
-        self.cost = cost  # a pass's (Costs.draft_pass or target_pass)
-        self.row_ms = row_ms  # and per row past its first (Costs.draft_row_ms or target_row_ms)
-        self.cold_ms = cold  # and at most after an idle (Costs.draft_cold_ms or target_cold_ms)
+        self.cost = costs.draft_pass if drafts else costs.target_pass  # a pass's
+        self.row_ms = costs.draft_row_ms if drafts else costs.target_row_ms  # and per row past its first
+        self.cold_ms = costs.draft_cold_ms if drafts else costs.target_cold_ms  # and at most after an idle
         self.handling_ms = costs.handling_ms  # and per row at its first step
         self.cap = costs.max_batch_tokens
-        self.hold_ms = HOLD_SHARE * pass_ms(cost, 0)  # a share of the pass's fixed cost
+        self.hold_ms = HOLD_SHARE * pass_ms(self.cost, 0)  # a share of the pass's fixed cost
         self.waiting: list[list] = []
         self.batch: list[list] | None = None  # None: idle
         self.pass_start = 0.0
@@ -495,10 +497,8 @@ class _Run:
     def __init__(self, costs: Costs, cluster: Cluster, gamma: int, seed: int) -> None:
         self.costs, self.cluster, self.gamma = costs, cluster, gamma
         self.rng = random.Random(seed)
-        self.drafters = [_Worker(True, costs.draft_pass, costs.draft_row_ms, costs.draft_cold_ms, costs)
-                         for _ in range(cluster.drafters)]
-        self.verifiers = [_Worker(False, costs.target_pass, costs.target_row_ms, costs.target_cold_ms, costs)
-                          for _ in range(cluster.verifiers)]
+        self.drafters = [_Worker(True, costs) for _ in range(cluster.drafters)]
+        self.verifiers = [_Worker(False, costs) for _ in range(cluster.verifiers)]
         self.replica_busy = [False] * cluster.replicas
         self.replica_queue: list[list[int]] = [[] for _ in range(cluster.replicas)]  # answered slots, in order
         self.cores = _Cores(self, cluster.host_cores)
