@@ -4,15 +4,39 @@ port then gives one line that names it, instead of a library's traceback (gRPC's
 and whether a gRPC server answers at an address yet."""
 
 import errno
+import random
 import socket
 import time
 
+# Where free_port looks: above the ports Ray's workers listen on (10000–19999 by default), below
+# the kernel's ephemeral range, from which it picks every port(0) bind and every outgoing
+# connection's local port. A port handed out there stayed free until its server bound it,
+# however long that took; the kernel's own pick did not: Serve's proxy, bound ~20 s after, once
+# found one taken by a connection of Ray's starting up (CI, 2026-11-27).
+SPAN = (20000, 32767)
+_handed_out: set[int] = set()  # this process's picks: two servers started next never share one
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at host now (the system's pick; free until someone binds it)."""
+    """A port nothing listens on at host now, for a server started next: one in SPAN below the
+    kernel's ephemeral range (the kernel's own pick where that range leaves none)."""
+    low, high = SPAN[0], min(SPAN[1], _ephemeral_low() - 1)
+    for port in random.sample(range(low, high + 1), min(200, max(0, high + 1 - low))):
+        if port not in _handed_out and not port_in_use(host, port):
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def port_in_use(host: str, port: int) -> bool:
