@@ -98,7 +98,8 @@ they served 0.83–0.87×; adaptive served 0.87× γ = 0. In the closed network 
 hides it, and adaptive holds γ = 0 there (benchmarks/README.md, "The policy under load").
 
 A round's sessions choose from one answer (`PoolCosts.memo`, kept until the replica has
-observed as many cycles as sessions are in flight). Under load a cohort's sessions run their
+observed as many cycles as sessions are in flight, or as it had observed when it worked the
+answer out: one made of a fresh replica's first cycle held for 32 more cycles). Under load a cohort's sessions run their
 cycles one after another in one turn of the replica's event loop, so a choice's CPU holds the
 turn's calls once per session: at 0.1 ms a choice (the analysis for every γ), the turn took
 0.8 ms more at 8 in flight, and adaptive served 0.90× γ = 0 holding γ = 0.
@@ -273,8 +274,10 @@ class PoolCosts:
         a call, not once a γ: a policy asks for every γ each cycle. ahead[γ]: the probability that
         a γ block was drafted ahead (no draft call), else 0."""
         n = max(sessions, round(self.verify_sessions), 1)
-        if ahead is None and self.memo and self.memo[0] == (top, n) and self.seen - self.memo[1] < n:
-            return self.memo[2]  # a round's sessions choose from one answer (the module's docstring)
+        # A round's sessions choose from one answer (the module's docstring); one worked out from
+        # the replica's first few cycles lasts only as many more.
+        if ahead is None and self.memo and self.memo[0] == (top, n) and self.seen - self.memo[1] < min(n, self.memo[1]):
+            return self.memo[2]
         verifier, drafter, replica, think = self.stations(top, ahead)
         cycles = [closed_loop_ms((verifier[g], drafter[g], replica[g]), think[g], n) for g in range(top + 1)]
         if ahead is None:

@@ -459,6 +459,12 @@ def test_a_rounds_sessions_choose_from_one_answer():
         assert loaded.costs.cycles_ms(8, sessions=8) is first
     loaded.observe(dear)
     assert loaded.costs.cycles_ms(8, sessions=8)[0] > first[0]
+    # One worked out from the replica's first cycle lasts one cycle: 32 sessions in flight would
+    # have held a price made of one cycle's measurements for 32.
+    fresh = trained(lambda g: loaded_cycle(g, 32), [2])
+    first = fresh.costs.cycles_ms(8)
+    fresh.observe(loaded_cycle(4, 32))
+    assert fresh.costs.cycles_ms(8) is not first
     alone = trained(lambda g: loaded_cycle(g, 1), [2, 4, 1, 3] * 4)
     before = alone.costs.cycles_ms(8)
     alone.observe(replace(loaded_cycle(0, 1), verify_cost_ms=200.0))
