@@ -99,10 +99,11 @@ hides it, and adaptive holds γ = 0 there (benchmarks/README.md, "The policy und
 
 A round's sessions choose from one answer (`PoolCosts.memo`, kept until the replica has
 observed as many cycles as sessions are in flight, or as it had observed when it worked the
-answer out: one made of a fresh replica's first cycle held for 32 more cycles). Under load a cohort's sessions run their
-cycles one after another in one turn of the replica's event loop, so a choice's CPU holds the
-turn's calls once per session: at 0.1 ms a choice (the analysis for every γ), the turn took
-0.8 ms more at 8 in flight, and adaptive served 0.90× γ = 0 holding γ = 0.
+answer out: one made of a fresh replica's first cycle held for 32 more cycles). Under load a
+cohort's sessions run their cycles one after another in one turn of the replica's event loop,
+so a choice's CPU holds the turn's calls once per session: at 0.1 ms a choice (the analysis for
+every γ), the turn took 0.8 ms more at 8 in flight, and adaptive served 0.90× γ = 0 holding
+γ = 0.
 
 The start. Before both workers are measured a session drafts initial_gamma alone. With others in
 flight the first costs a replica measures are those of the regime it starts in, and a start at

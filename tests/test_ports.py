@@ -5,6 +5,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import pytest
 
 import tandem.ports as ports_module
 from tandem.ports import free_port, grpc_answers
@@ -25,6 +26,8 @@ def test_a_grpc_server_answers_and_a_free_port_does_not_within_the_timeout():
 def test_a_free_port_lies_below_the_kernels_ephemeral_range_and_is_never_handed_out_twice():
     # The kernel picks every outgoing connection's port from its ephemeral range: a port from
     # there could be taken before a slow server (Serve's proxy) binds it.
+    if ports_module._ephemeral_low() <= ports_module.SPAN[0] + 50:
+        pytest.skip("this kernel's ephemeral range leaves no room below it")
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50
     assert all(ports_module.SPAN[0] <= p < ports_module._ephemeral_low() for p in ports)
