@@ -249,8 +249,9 @@ def test_a_worker_behind_a_dropping_link_fails_over_and_the_stream_is_unchanged(
 def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
     """`tandem orchestrator` (Ray Serve) on a host of its own, each worker on another, 5 ms each
     way between them: the stream is the target's own, and every cycle's calls crossed the links.
-    Each role's CPU is read from its processes, the orchestrator's with Ray's, and each worker's
-    passes from its metrics: one session alone runs one session a pass."""
+    Each role's CPU is read from its processes (the Serve replica's and Ray's proxy's apart from
+    the rest of Ray's, and the client's), and each worker's passes from its metrics: one session
+    alone runs one session a pass."""
     from tandem import Client
 
     delay = 5.0
@@ -266,6 +267,7 @@ def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
         sessions, ran = passes[name][0] - passed[name][0], passes[name][1] - passed[name][1]
         assert ran >= len(result.stats.per_cycle) and sessions == ran
     assert all(c.transport_ms >= 2 * delay for c in result.stats.per_cycle)  # at least one call's round trip
-    assert set(after) == {"draft-0", "target-0", "orchestrator", "delay proxy"}
-    assert all(after[role] > before[role] for role in ("draft-0", "target-0", "delay proxy"))
-    assert after["orchestrator"] > alone  # Ray's processes (the Serve replica among them) count too
+    assert set(after) == {"draft-0", "target-0", "orchestrator", "serve replica", "ray proxy", "delay proxy", "client"}
+    assert all(after[role] > before[role] for role in ("draft-0", "target-0", "serve replica", "ray proxy",
+                                                        "delay proxy", "client"))
+    assert after["orchestrator"] > alone  # Ray's other processes (its controller, the GCS) count too

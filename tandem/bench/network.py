@@ -9,6 +9,7 @@ of its own, every orchestrator↔worker link through a delay proxy, Redis beside
     cluster.bed.command("drop draft-0")
 """
 
+import os
 import secrets
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from tandem.bench.procfs import cpu_seconds, descendants
+from tandem.bench.procfs import command_line, cpu_seconds, descendants
 from tandem.bench.testbed import Testbed
 from tandem.bench.worker_metrics import batch_histogram
 from tandem.local import VERIFIER_DRAFTERS, spawn_worker, stop_processes, verifier_args, worker_model
@@ -27,6 +28,8 @@ from tandem.ports import grpc_answers
 GRPC_PORT = 9000  # each host is a namespace of its own: its ports are free
 METRICS_PORT = 9100  # each worker's Prometheus metrics, on its host's address
 READY_S = 180  # Ray's start in a fresh namespace, on a busy small machine
+# The orchestrator's Ray actors whose CPU cpu_ms shows apart, by their process titles.
+RAY_ROLES = {"ServeReplica": "serve replica", "ProxyActor": "ray proxy"}
 
 
 class NetworkCluster:
@@ -114,14 +117,17 @@ class NetworkCluster:
         self._orchestrator(*self.links)
 
     def cpu_ms(self) -> dict[str, float]:
-        """Each of the cluster's roles' CPU time so far, in ms: each worker's process, the
-        orchestrator's with Ray's (its descendants: the Serve replica, Ray's proxy, the GCS), and
-        the links' delay proxy. A process that exited meanwhile takes its time with it."""
+        """Each of the cluster's roles' CPU time so far, in ms: each worker's process; the Serve
+        replica's, Ray's gRPC proxy's, and the orchestrator's with the rest of Ray's (its other
+        descendants: the controller, the GCS, the raylet); the links' delay proxy; and this
+        process's, the client's. A process that exited meanwhile takes its time with it."""
         pids = {name: [proc.pid] for name, proc in self.procs.items()}
         if "orchestrator" in pids:
-            pids["orchestrator"] += descendants(pids["orchestrator"][0])
+            for pid in descendants(pids["orchestrator"][0]):
+                pids.setdefault(_ray_role(pid), []).append(pid)
         if self.bed.proxy_pid:
             pids["delay proxy"] = [self.bed.proxy_pid]
+        pids["client"] = [os.getpid()]
         return {role: 1e3 * sum(filter(None, map(cpu_seconds, group))) for role, group in pids.items()}
 
     def passes(self) -> dict[str, tuple[float, float]]:
@@ -143,3 +149,9 @@ class NetworkCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _ray_role(pid: int) -> str:
+    """Which role a process under the orchestrator plays, by the title Ray gives its actors."""
+    title = command_line(pid)
+    return next((role for actor, role in RAY_ROLES.items() if actor in title), "orchestrator")
