@@ -153,7 +153,16 @@ numbers, not the fits. A new or resumed session chooses from what the replica ha
 Worker costs are learned from steady cycles only. A call that feeds a worker more committed
 tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
 draft catching up on the tokens of γ = 0 cycles) costs what no steady cycle will; charged per
-drafted token, a probe's catch-up made drafting look dear and kept sessions at γ = 0.
+drafted token, a probe's catch-up made drafting look dear and kept sessions at γ = 0. So a probe
+whose draft caught up goes on through one more cycle (a cohort's probe: through the turn after),
+whose steady call measures the draft, and that cycle's outcome is the probe's. And the draft's
+costs fade while it does not draft (each γ-0 cycle ages them as an observed cycle does:
+`LinearFit.fade`), so that the first steady call after a streak outweighs what came before it.
+Without both, a replica at γ = 0 kept the draft's costs of its last drafting cycle for good, and
+judged every probe by them: greedy with the hybrid drafter at 8 in flight, a fresh replica's
+start measured the draft amid the sessions' prefills (the draft worker's CPU 3.9 ms a call where
+a steady one costs 0.3 to 0.5, its latency 9.5 ms where 2 to 5), and 2 runs of 4 held γ = 0 for
+most of their streams (0.80 and 0.81× fixed γ = 3).
 """
 
 import time
@@ -163,7 +172,7 @@ from functools import cache, partial
 from itertools import accumulate
 
 from tandem.math.acceptance import verified_tokens
-from tandem.math.fit import LinearFit
+from tandem.math.fit import DecayedMean, LinearFit
 from tandem.wire.worker import Batching
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
@@ -215,7 +224,7 @@ class PoolCosts:
     """What a cycle's work costs the cluster, from the cycles of every session of a replica."""
 
     decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
-    draft_sessions: float = -1.0  # sessions per draft pass (exponentially weighted; -1: not yet)
+    draft_fill: DecayedMean = field(default_factory=DecayedMean)  # sessions per draft pass
     verify_sessions: float = -1.0  # sessions per verify pass
     # The most sessions a verify pass has held lately (a decayed maximum): γ = 0's fill where
     # sessions share passes, its cohorts' verifies lining up in one pass (the module's docstring).
@@ -236,6 +245,11 @@ class PoolCosts:
     verify_call: LinearFit = field(default_factory=LinearFit)
     overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU per cycle, draft call aside
     latency: LinearFit = field(default_factory=LinearFit)
+
+    @property
+    def draft_sessions(self) -> float:
+        """Sessions per draft pass (decayed; -1: not yet)."""
+        return self.draft_fill.value
 
     @property
     def measured(self) -> bool:
@@ -306,14 +320,21 @@ class PoolCosts:
             think[g] += missed * draft_latency[g]
         return verifier, drafter, replica, think
 
+    def draft_fits(self) -> tuple[DecayedMean | LinearFit, ...]:
+        """The estimates only a draft call teaches: they fade while the draft does not draft."""
+        return (self.draft_fill, self.draft_pass, self.draft_call, self.draft_overhead, self.draft_latency)
+
     def observe(self, c: CycleCosts) -> None:
         """Fold one cycle's costs into the estimates."""
         d = self.decay
         self.seen += 1
-        if c.gamma and not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
+        if not c.gamma:  # the draft's costs fade while it does not draft (the module's docstring)
+            for fit in self.draft_fits():
+                fit.fade(d)
+        elif not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
-            self.draft_sessions = _ewma(self.draft_sessions, passes.sessions / passes.passes, d)
+            self.draft_fill.add(passes.sessions / passes.passes, d)
             self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d)
             self.draft_call.add(c.gamma, c.draft_call_ms, d)
             self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d)
@@ -381,9 +402,11 @@ class CohortProbes:
     probe's outcome is back, and a probe held due until then ran two rounds. Its first outcome
     sets the gap: probe_every again when drafting wins after it, doubled (at most MAX_PROBE_GAP)
     when γ = 0 still does; with no outcome back (its sessions ended), the next probe falls due a
-    gap after it began. Steady cycles only: a probe whose draft catches up on a long γ-0 streak,
-    or a cycle that prefills, lasts many cycles, and timing the gap by it would push the next
-    probe out in proportion (seconds at a gap of 64)."""
+    gap after it began. A probe whose draft caught up is not its outcome: it goes on through the
+    next turn, whose steady cycles measure the draft (the module's docstring). Steady cycles only
+    time the gap: a probe whose draft catches up on a long γ-0 streak, or a cycle that prefills,
+    lasts many cycles, and timing the gap by it would push the next probe out in proportion
+    (seconds at a gap of 64)."""
 
     clock: Callable[[], float] = field(default=time.monotonic, compare=False, repr=False)  # seconds
     due_at: float = 0.0  # on the clock: sessions that share passes probe from then on
@@ -412,14 +435,19 @@ class CohortProbes:
         self.cycle_ms = _ewma(self.cycle_ms, wall_ms, self.decay)
         self.steady += 1
 
-    def drafted(self, wins: Callable[[], bool], cycle_ms: float, every: int) -> None:
+    def drafted(self, wins: Callable[[], bool], cycle_ms: float, every: int, steady: bool = True) -> None:
         """A drafting cycle of any session came back, after `cycle_ms` (the gap's cycle until a
-        steady one has been seen); wins(): whether drafting wins now, with what it taught."""
+        steady one has been seen); wins(): whether drafting wins now, with what it taught; steady:
+        its draft call fed the worker no more than a steady cycle does."""
         now = self.clock()
-        if self.awaiting or now >= self.due_at:  # a probe's first outcome (or drafting's after a pause)
+        per_cycle_ms = self.cycle_ms if self.cycle_ms >= 0 else cycle_ms
+        if not steady:  # the draft caught up: the probe goes on through the next turn
+            if self.awaiting:
+                self.ends_at = now + per_cycle_ms / 2e3
+        elif self.awaiting or now >= self.due_at:  # a probe's first outcome (or drafting's after a pause)
             self.gap = 0 if wins() else min(2 * (self.gap or every), MAX_PROBE_GAP)
             self.awaiting, self.ends_at = False, -1.0
-        self._next_after(now, every, self.cycle_ms if self.cycle_ms >= 0 else cycle_ms)
+        self._next_after(now, every, per_cycle_ms)
 
     def _next_after(self, now: float, every: int, per_cycle_ms: float) -> None:
         """The next probe falls due the gap's cycles (probe_every: `every`) after `now`."""
@@ -555,8 +583,12 @@ class GammaPolicy:
     def observe(self, c: CycleCosts, output_tokens: int = 0, ahead: bool = False, sessions: int = 1) -> None:
         """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
         session's estimates and the replica's costs; ahead and sessions: as for choose."""
-        probed = bool(c.gamma) and self.zero_streak + 1 >= (self.probe_gap or self.probe_every)
+        gap = self.probe_gap or self.probe_every
+        probed = bool(c.gamma) and self.zero_streak + 1 >= gap
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
+        caught_up = c.draft_fed > STEADY_DRAFT_FED
+        if probed and caught_up:  # the probe goes on to a steady cycle (the module's docstring)
+            self.zero_streak, probed = gap - 1, False
         # Evidence fades per cycle, drafted or not (the module's docstring).
         verified = verified_tokens(c.accepted, c.gamma) if c.gamma else 0
         self.accepted = self.decay * self.accepted + c.accepted
@@ -572,7 +604,7 @@ class GammaPolicy:
         wins = cache(partial(self._drafting_wins, ahead, sessions))
         if probed:
             self.probe_gap = 0 if wins() else min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
-        self.probes.drafted(wins, c.wall_ms, self.probe_every)
+        self.probes.drafted(wins, c.wall_ms, self.probe_every, steady=not caught_up)
 
     def _drafting_wins(self, ahead: bool, sessions: int) -> bool:
         """Whether choose, probes aside, would draft now."""

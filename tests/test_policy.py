@@ -287,12 +287,12 @@ def test_cost_estimates():
     # decayed mean.
     for line, first, second in [(costs.draft_call, 1, 3), (costs.verify_call, 2, 4), (costs.overhead, 3, 5)]:
         assert line.line() == pytest.approx(((0.9 * first + second) / 1.9, 0.0))
-    before = (costs.draft_ms_per_token(), costs.draft_call.line())
+    before = (costs.draft_ms_per_token(), *costs.draft_call.line())
     policy.observe(CycleCosts(0, 0, 0.0, 0.0, 12.0, 2.0, 3.0))  # γ = 0: the draft was not measured
-    assert (costs.draft_ms_per_token(), costs.draft_call.line()) == before
+    assert (costs.draft_ms_per_token(), *costs.draft_call.line()) == pytest.approx(before)  # faded, as it was
     alpha = policy.alpha
     policy.observe(CycleCosts(3, 3, 0.0, 0.0, 12.0, 2.0, 3.0, drafted_ahead=True))  # no draft call this cycle
-    assert (costs.draft_ms_per_token(), costs.draft_call.line()) == before
+    assert (costs.draft_ms_per_token(), *costs.draft_call.line()) == pytest.approx(before)
     assert policy.alpha > alpha  # its acceptance still counts
 
 
@@ -575,25 +575,68 @@ def test_sessions_that_share_passes_probe_together_on_the_replicas_schedule():
     assert alone.choose() == 0
 
 
-def test_a_cohort_probe_whose_draft_caught_up_for_long_does_not_push_the_next_one_out():
-    """The gap counts the replica's steady cycles, not the drafting cycle's own wall time: a probe
-    whose draft call caught up on a long γ-0 streak (it fed the worker more than a steady cycle)
-    took 2 s, and timed by it the next probe fell due 2 · probe_every · 2 s on."""
+def test_a_cohort_probe_whose_draft_caught_up_goes_on_to_a_steady_cycle():
+    """A probe's draft call that caught up on a γ-0 streak (it fed the worker more than a steady
+    cycle) measures no steady cost, so the probe goes on through the next turn and its outcome is
+    the first steady cycle's: decided on the catch-up, the draft's costs stayed those of a
+    replica's start for a whole run. The gap counts the replica's steady cycles, not the
+    catch-up's own wall time (2 s here: timed by it the next probe fell due 2 · probe_every · 2 s
+    on)."""
     now = [0.0]
     replica = losing_cohort_replica(now)
     session = replica.for_session()
     session.observe(lost_cycle(0))
     now[0] = replica.probes.due_at  # a probe is due; its draft catches up on 40 tokens, for 2 s
     probe = session.choose()
-    assert probe > 0
+    assert probe > 0 and replica.probes.gap == 2 * replica.probe_every
     now[0] += 2.0
     session.observe(replace(lost_cycle(probe), wall_ms=2000.0, draft_fed=40))
-    assert replica.probes.gap == 4 * replica.probe_every
+    assert replica.probes.gap == 2 * replica.probe_every and replica.probes.awaiting  # not its outcome
+    assert session.choose() == probe  # the next turn probes too
+    now[0] += 0.020
+    session.observe(lost_cycle(probe))  # steady: the probe's outcome, nothing accepted
+    assert replica.probes.gap == 4 * replica.probe_every and not replica.probes.awaiting
     assert replica.probes.due_at == pytest.approx(now[0] + 4 * 8 * 0.020)  # steady cycles of 20 ms
+    now[0] += 0.010
+    assert session.choose() == 0
     for _ in range(4 * 8):
         now[0] += 0.020
         session.observe(lost_cycle(0))
     assert session.choose() > 0
+
+
+def test_a_lone_probe_whose_draft_caught_up_goes_on_to_a_steady_cycle():
+    """Alone as in a cohort: a probe that caught the draft up is followed by one more drafting
+    cycle, whose outcome sets the wait for the next probe."""
+    policy = trained(costly_bad_cycle, [4, 2, 4, 6] * 8)
+    for _ in range(policy.probe_every - 1):
+        assert policy.choose() == 0
+        policy.observe(costly_bad_cycle(0))
+    probe = policy.choose()
+    assert probe > 0
+    policy.observe(replace(costly_bad_cycle(probe), draft_fed=policy.probe_every))
+    assert policy.probe_gap == 0 and policy.choose() == probe  # the probe goes on
+    policy.observe(costly_bad_cycle(probe))
+    assert policy.probe_gap == 2 * policy.probe_every and policy.choose() == 0
+
+
+def test_the_drafts_costs_fade_while_it_does_not_draft():
+    """What a draft call cost when the replica last drafted (at its start, amid the sessions'
+    prefills: 3.9 ms of the worker's CPU a call, where a steady call costs 0.3) fades over the
+    γ-0 cycles after it, so the next steady call's costs outweigh it; drafting cycles do not fade
+    it, and the line stays as it was until a new call is measured."""
+    policy = trained(lambda g: replace(cheap_good_cycle(g), draft_call_ms=3.9), [1, 1, 2, 1])
+    assert policy.costs.draft_call.at(1) == pytest.approx(3.9)
+    for _ in range(64):
+        policy.observe(cheap_good_cycle(0))
+    assert policy.costs.draft_call.at(1) == pytest.approx(3.9)  # faded, not moved
+    policy.observe(cheap_good_cycle(2))
+    assert policy.costs.draft_call.at(2) == pytest.approx(0.3, abs=0.02)
+    without_fading = trained(lambda g: replace(cheap_good_cycle(g), draft_call_ms=3.9), [1, 1, 2, 1])
+    for _ in range(8):  # drafting cycles drafted ahead: no draft call, no fading
+        without_fading.observe(replace(cheap_good_cycle(3), drafted_ahead=True))
+    without_fading.observe(cheap_good_cycle(2))
+    assert without_fading.costs.draft_call.at(2) > 2.0
 
 
 def test_a_cohort_probe_lasts_one_turn():

@@ -1,6 +1,10 @@
-"""A cost against its tokens: a decayed least-squares line, kept where a cost can be."""
+"""A cost against its tokens: a decayed least-squares line, kept where a cost can be; and a
+decayed mean. Both can fade without a new value, so that the next one outweighs what they held."""
 
 from dataclasses import dataclass
+
+# The least weight fading leaves: the next value then outweighs what was held a thousand to one.
+FADED = 1e-3
 
 
 @dataclass
@@ -17,6 +21,13 @@ class LinearFit:
     def add(self, x: float, y: float, decay: float) -> None:
         self.n, self.sx, self.sy = decay * self.n + 1, decay * self.sx + x, decay * self.sy + y
         self.sxx, self.sxy = decay * self.sxx + x * x, decay * self.sxy + x * y
+
+    def fade(self, decay: float) -> None:
+        """Age what is held without a new point (down to FADED of a point): the line stays until
+        one comes, which then outweighs it."""
+        if self.n * decay >= FADED:
+            self.n, self.sx, self.sy = decay * self.n, decay * self.sx, decay * self.sy
+            self.sxx, self.sxy = decay * self.sxx, decay * self.sxy
 
     @property
     def varied(self) -> bool:
@@ -41,3 +52,23 @@ class LinearFit:
 
     def _var(self) -> float:
         return self.sxx / self.n - (self.sx / self.n) ** 2
+
+
+@dataclass
+class DecayedMean:
+    """A decayed mean of the values added; -1 before the first."""
+
+    weight: float = 0.0
+    total: float = 0.0
+
+    def add(self, x: float, decay: float) -> None:
+        self.weight, self.total = decay * self.weight + 1, decay * self.total + x
+
+    def fade(self, decay: float) -> None:
+        """Age what is held without a new value (down to FADED of a value), as LinearFit.fade."""
+        if self.weight * decay >= FADED:
+            self.weight, self.total = decay * self.weight, decay * self.total
+
+    @property
+    def value(self) -> float:
+        return self.total / self.weight if self.weight else -1.0
