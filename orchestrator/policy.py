@@ -172,7 +172,7 @@ from functools import cache, partial
 from itertools import accumulate
 
 from tandem.math.acceptance import verified_tokens
-from tandem.math.fit import DecayedMean, LinearFit
+from tandem.math.fit import LinearFit
 from tandem.wire.worker import Batching
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
@@ -224,7 +224,9 @@ class PoolCosts:
     """What a cycle's work costs the cluster, from the cycles of every session of a replica."""
 
     decay: float = 0.9  # per cycle observed: older measurements fade so the costs follow the load
-    draft_fill: DecayedMean = field(default_factory=DecayedMean)  # sessions per draft pass
+    # Sessions per draft pass: a flat line at x = 0 is their decayed mean, and it fades as the
+    # draft's other fits do.
+    draft_fill: LinearFit = field(default_factory=LinearFit)
     verify_sessions: float = -1.0  # sessions per verify pass
     # The most sessions a verify pass has held lately (a decayed maximum): γ = 0's fill where
     # sessions share passes, its cohorts' verifies lining up in one pass (the module's docstring).
@@ -249,7 +251,7 @@ class PoolCosts:
     @property
     def draft_sessions(self) -> float:
         """Sessions per draft pass (decayed; -1: not yet)."""
-        return self.draft_fill.value
+        return self.draft_fill.at(0.0) if self.draft_fill.n else -1.0
 
     @property
     def measured(self) -> bool:
@@ -320,7 +322,7 @@ class PoolCosts:
             think[g] += missed * draft_latency[g]
         return verifier, drafter, replica, think
 
-    def draft_fits(self) -> tuple[DecayedMean | LinearFit, ...]:
+    def draft_fits(self) -> tuple[LinearFit, ...]:
         """The estimates only a draft call teaches: they fade while the draft does not draft."""
         return (self.draft_fill, self.draft_pass, self.draft_call, self.draft_overhead, self.draft_latency)
 
@@ -334,7 +336,7 @@ class PoolCosts:
         elif not c.drafted_ahead and c.draft_fed <= STEADY_DRAFT_FED:
             # Alone, a draft call is γ passes: the first runs the fed tokens, each other one token.
             passes = _passes(c.draft_batching, c.gamma, c.draft_fed + c.gamma - 1)
-            self.draft_fill.add(passes.sessions / passes.passes, d)
+            self.draft_fill.add(0.0, passes.sessions / passes.passes, d)
             self.draft_pass.add(passes.tokens / passes.passes, c.draft_cost_ms / passes.passes, d)
             self.draft_call.add(c.gamma, c.draft_call_ms, d)
             self.draft_overhead.add(c.gamma, max(c.draft_overhead_ms, 0.0), d)
@@ -603,7 +605,7 @@ class GammaPolicy:
         # Asked only of a probe's outcome (the session's, the cohort's), and once: rates cost CPU.
         wins = cache(partial(self._drafting_wins, ahead, sessions))
         if probed:
-            self.probe_gap = 0 if wins() else min(2 * (self.probe_gap or self.probe_every), MAX_PROBE_GAP)
+            self.probe_gap = 0 if wins() else min(2 * gap, MAX_PROBE_GAP)
         self.probes.drafted(wins, c.wall_ms, self.probe_every, steady=not caught_up)
 
     def _drafting_wins(self, ahead: bool, sessions: int) -> bool:

@@ -1,5 +1,5 @@
-"""A cost against its tokens: a decayed least-squares line, kept where a cost can be; and a
-decayed mean. Both can fade without a new value, so that the next one outweighs what they held."""
+"""A cost against its tokens: a decayed least-squares line, kept where a cost can be, that can
+fade without a new point so that the next one outweighs what it held."""
 
 from dataclasses import dataclass
 
@@ -53,22 +53,3 @@ class LinearFit:
     def _var(self) -> float:
         return self.sxx / self.n - (self.sx / self.n) ** 2
 
-
-@dataclass
-class DecayedMean:
-    """A decayed mean of the values added; -1 before the first."""
-
-    weight: float = 0.0
-    total: float = 0.0
-
-    def add(self, x: float, decay: float) -> None:
-        self.weight, self.total = decay * self.weight + 1, decay * self.total + x
-
-    def fade(self, decay: float) -> None:
-        """Age what is held without a new value (down to FADED of a value), as LinearFit.fade."""
-        if self.weight * decay >= FADED:
-            self.weight, self.total = decay * self.weight, decay * self.total
-
-    @property
-    def value(self) -> float:
-        return self.total / self.weight if self.weight else -1.0
