@@ -61,7 +61,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
 from tandem.bench.runs import ahead_setting, cluster_mode, concurrent_runs
-from tandem.bench.summary import acceptance, acceptance_by_position, concurrency_row, cycles
+from tandem.bench.summary import (acceptance, acceptance_by_block, acceptance_by_position, concurrency_row, cycles,
+                                  cycles_by_gamma)
 from tandem.bench.testbed import unavailable
 from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
 from tandem.capacity import cold_ms as capacity_cold_ms
@@ -124,7 +125,11 @@ def _prompts(target: str) -> list[list[int]]:
 # What a sweep keeps of each run (tandem.bench.summary's row, and the machine's CPU per cycle).
 SWEEP_FIELDS = ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms", "mean_gamma", "acceptance_rate",
                 "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle", "cores_by_role",
-                "sessions_per_pass")
+                "sessions_per_pass", "cycles_by_gamma", "acceptance_by_block")
+
+
+# A stream's first drafted blocks kept apart in acceptance_by_block (the last pools the rest).
+BLOCKS_KEPT = 6
 
 
 def sweep(args) -> None:
@@ -186,6 +191,9 @@ def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: li
                                  round_seed(args.seed, repeat), ignore_eos=True)
     row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
     row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
+    # How the choice spread: a mean γ hides cycles at γ = 0 beside long blocks.
+    row["cycles_by_gamma"] = cycles_by_gamma(runs, OrchestratorConfig.max_gamma)
+    row["acceptance_by_block"] = acceptance_by_block(runs, BLOCKS_KEPT)
     row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
     # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
     row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3) for role, ms in cluster.cpu_ms().items()}

@@ -43,6 +43,23 @@ def test_acceptance_counts_verified_tokens_and_positions_reached():
     assert summary.acceptance_by_position(runs, 4) == [1.0, 0.5, 1.0, None]
 
 
+def test_cycles_by_gamma_leave_out_prefills_and_capped_ends():
+    """A stream of 12 tokens, max γ 4: its prefill (1 token), then γ 4, 0 and 3 with 11, 6 and 5
+    tokens to go, then γ 2 and 1 with 3 and 1 to go (capped by them, whatever the choice)."""
+    cycles = [cycle(0, 0, 1), cycle(4, 4, 5), cycle(0, 0, 1), cycle(3, 1, 2), cycle(2, 1, 2), cycle(1, 0, 1)]
+    assert summary.cycles_by_gamma([run("adaptive", 0, 12, 1.0, cycles)], 4) == {0: 1, 3: 1, 4: 1}
+
+
+def test_acceptance_by_block_follows_each_streams_drafted_blocks():
+    """Two streams: the first rejects its 1st block and accepts its 2nd and 3rd (pooled as the
+    last entry, "2nd on"); the second accepts its 1st and rejects its 2nd. γ-0 cycles count for
+    no block."""
+    first = run("adaptive", 0, 9, 1.0, [cycle(0, 0, 1), cycle(2, 0, 1), cycle(0, 0, 1), cycle(3, 3, 4), cycle(1, 1, 2)])
+    second = run("adaptive", 1, 4, 1.0, [cycle(0, 0, 1), cycle(2, 1, 2), cycle(1, 0, 1)])
+    assert summary.acceptance_by_block([first, second], 2) == [0.5, pytest.approx(2 / 3)]
+    assert summary.acceptance_by_block([first], 4) == [0.0, 1.0, 1.0, None]
+
+
 def test_analytic_bound_is_expected_tokens_over_compute_in_target_token_units():
     target_alone = [run("gamma_0", 0, 2, 1.0, [cycle(0, 0, 1, 0.0, 5.0), cycle(0, 0, 1, 0.0, 5.0)])]
     assert summary.target_token_ms(target_alone) == 5.0

@@ -62,6 +62,34 @@ def acceptance(runs: list[Run]) -> dict:
     }
 
 
+def cycles_by_gamma(runs: list[Run], max_gamma: int) -> dict[int, int]:
+    """The cycles that drafted each γ, among those whose γ only the choice set: not a stream's
+    first (its prefill), nor one with max_gamma or fewer tokens still to go (capped by them)."""
+    counts: dict[int, int] = {}
+    for r in runs:
+        left = r.tokens
+        for i, c in enumerate(r.stats["per_cycle"] if r.stats else []):
+            if i and left > max_gamma:
+                counts[c["gamma"]] = counts.get(c["gamma"], 0) + 1
+            left -= c["output_tokens"]
+    return dict(sorted(counts.items()))
+
+
+def acceptance_by_block(runs: list[Run], blocks: int) -> list[float | None]:
+    """P(a block's first token is accepted) for a stream's 1st, 2nd, … drafted block, the last
+    entry pooling every block from the blocks-th on: a stream's first tokens are harder to draft
+    than its later ones, and a replica that starts with every stream at its start learns that."""
+    drafted, passed = np.zeros(blocks), np.zeros(blocks)
+    for r in runs:
+        k = 0
+        for c in r.stats["per_cycle"] if r.stats else []:
+            if c["gamma"]:
+                drafted[min(k, blocks - 1)] += 1
+                passed[min(k, blocks - 1)] += c["accepted"] > 0
+                k += 1
+    return [float(p / n) if n else None for p, n in zip(passed, drafted)]
+
+
 def acceptance_by_position(runs: list[Run], max_gamma: int) -> list[float | None]:
     """P(position i of a block is accepted | the block reached position i), i = 0 … max_gamma−1."""
     reached, passed = np.zeros(max_gamma), np.zeros(max_gamma)
