@@ -679,7 +679,7 @@ def replica_that_saw(accepted_of_4: list[int], **settings) -> GammaPolicy:
 
 def test_the_replica_learns_no_acceptance_from_a_streams_opening():
     """A stream's first drafted blocks are its hardest (measured on the shipped pair: a block's
-    first token accepted 0.42 of the time in a stream's first block, 0.53 in its second, 0.72
+    first token accepted 0.42 of the time in a stream's first block, 0.50 in its second, 0.72
     later). A fresh replica whose first cohort all sit at their openings learned α from them alone
     and held γ = 0 for most of those streams; its acceptance now comes from blocks past them, and
     every session's own evidence still counts its opening."""

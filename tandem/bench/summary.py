@@ -81,12 +81,10 @@ def acceptance_by_block(runs: list[Run], blocks: int) -> list[float | None]:
     than its later ones, and a replica that starts with every stream at its start learns that."""
     drafted, passed = np.zeros(blocks), np.zeros(blocks)
     for r in runs:
-        k = 0
-        for c in r.stats["per_cycle"] if r.stats else []:
-            if c["gamma"]:
-                drafted[min(k, blocks - 1)] += 1
-                passed[min(k, blocks - 1)] += c["accepted"] > 0
-                k += 1
+        drafting = [c for c in (r.stats["per_cycle"] if r.stats else []) if c["gamma"]]
+        for k, c in enumerate(drafting):
+            drafted[min(k, blocks - 1)] += 1
+            passed[min(k, blocks - 1)] += c["accepted"] > 0
     return [float(p / n) if n else None for p, n in zip(passed, drafted)]
 
 
