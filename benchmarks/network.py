@@ -371,13 +371,11 @@ def plot_drafters(points: dict[tuple, tuple], zeros: dict[tuple, float], order: 
 def calibrate(args) -> None:
     """The simulator (tandem.capacity) against the sweep: every fixed-γ point predicted from costs
     measured apart from it (`_costs`), and the prediction's ratio to what the point measured."""
-    path = Path(args.sweep or Path(args.out) / "sweep.json")
-    if not path.is_file():
-        raise SystemExit(f"calibrate: no sweep at {path} (run `network.py sweep` first, or name one with --sweep)")
-    sweep = json.loads(path.read_text())
+    paths = [Path(p) for p in args.sweep.split(",")] if args.sweep else [Path(args.out) / "sweep.json"]
+    sweep = _joined_sweeps(paths)
     rows = _median_rows(sweep["rows"])
     if lack := _lacks(rows):
-        raise SystemExit(f"calibrate: the sweep at {path} lacks what the costs are measured from: {lack}")
+        raise SystemExit(f"calibrate: the sweeps at {', '.join(map(str, paths))} lack what the costs are measured from: {lack}")
     draft, target = default_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompts = [len(tokenizer.encode(json.loads(line)["prompt"])) for line in open(HELDOUT_PROMPTS)]
@@ -408,6 +406,21 @@ def calibrate(args) -> None:
               f"{o['predicted']:.1f} | {o['ratio']:.2f} |" for o in out]
     (where / "calibration.md").write_text("\n".join(lines) + "\n")
     plot_calibration(out, where / "calibration.png")
+
+
+def _joined_sweeps(paths: list[Path]) -> dict:
+    """Sweeps run apart as one (e.g. the lone points and those under load, each with its own
+    --sessions): their rows and pass timings together, the first one's settings."""
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"calibrate: no sweep at {path} (run `network.py sweep` first, or name one with --sweep)")
+    sweeps = [json.loads(path.read_text()) for path in paths]
+    if len({s["args"]["max_tokens"] for s in sweeps}) > 1:
+        raise SystemExit("calibrate: the sweeps generated different --max-tokens")
+    joined = dict(sweeps[0], rows=[r for s in sweeps for r in s["rows"]])
+    if all(s.get("pass_ms") for s in sweeps):
+        joined["pass_ms"] = [t for s in sweeps for t in s["pass_ms"]]
+    return joined
 
 
 def _lacks(rows: list[dict]) -> str | None:
@@ -894,7 +907,8 @@ def main() -> None:
     p_dr.add_argument("--out", help=f"where drafters.{{md,png}} go (default {DRAFTERS_OUT})")
     p_dr.set_defaults(func=drafters)
     p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
-    p_cal.add_argument("--sweep", help="a sweep's results (JSON; default: --out's sweep.json)")
+    p_cal.add_argument("--sweep", help="a sweep's results (JSON; several, comma-separated, as one: default "
+                                          "--out's sweep.json)")
     p_cal.add_argument("--out", help="where calibration.{json,md,png} go")
     p_cal.add_argument("--passes", help="the pass timings of this calibration.json (default: the sweep's own, "
                                         "or timed now for a sweep without them)")
