@@ -375,7 +375,8 @@ def calibrate(args) -> None:
     sweep = _joined_sweeps(paths)
     rows = _median_rows(sweep["rows"])
     if lack := _lacks(rows):
-        raise SystemExit(f"calibrate: the sweeps at {', '.join(map(str, paths))} lack what the costs are measured from: {lack}")
+        raise SystemExit(f"calibrate: the sweeps at {', '.join(map(str, paths))} lack what the costs are "
+                         f"measured from: {lack}")
     draft, target = default_pair()
     tokenizer = AutoTokenizer.from_pretrained(target)
     prompts = [len(tokenizer.encode(json.loads(line)["prompt"])) for line in open(HELDOUT_PROMPTS)]
@@ -417,10 +418,8 @@ def _joined_sweeps(paths: list[Path]) -> dict:
     sweeps = [json.loads(path.read_text()) for path in paths]
     if len({s["args"]["max_tokens"] for s in sweeps}) > 1:
         raise SystemExit("calibrate: the sweeps generated different --max-tokens")
-    joined = dict(sweeps[0], rows=[r for s in sweeps for r in s["rows"]])
-    if all(s.get("pass_ms") for s in sweeps):
-        joined["pass_ms"] = [t for s in sweeps for t in s["pass_ms"]]
-    return joined
+    return dict(sweeps[0], rows=[r for s in sweeps for r in s["rows"]],
+                pass_ms=[t for s in sweeps for t in s.get("pass_ms") or []])
 
 
 def _lacks(rows: list[dict]) -> str | None:
