@@ -105,11 +105,21 @@ so a choice's CPU holds the turn's calls once per session: at 0.1 ms a choice (t
 every γ), the turn took 0.8 ms more at 8 in flight, and adaptive served 0.90× γ = 0 holding
 γ = 0.
 
-The start. Before both workers are measured a session drafts initial_gamma alone. With others in
-flight the first costs a replica measures are those of the regime it starts in, and a start at
-initial_gamma held the head at γ 2–3 for the first second of a fresh replica at 0 ms, where
-γ = 0 is best. So there it runs γ = 0 for its first probe_every rounds of steady cycles
-(`CohortProbes.steady`), then a probe of one token until the draft's costs are measured.
+The start. Until the draft is measured, a drafting cycle is priced from the closed form: its
+acceptance i.i.d. at the replica's α (the prior's, before any block), the draft's work none (a
+device of its own) and the draft call's latency the verify call's (the same network's round
+trip: `PoolCosts.stations`). So a fresh replica drafts long blocks where the round trip is long,
+and the verifier's cost per token decides where it is short; its first steady drafting call
+measures the draft. Before the verifier is measured too, a session drafts initial_gamma alone,
+and with others in flight runs γ = 0, which measures it. Started as the head's replica is
+(below), a fresh replica's first cohort ran γ = 0 and short blocks for the first 1.5 s of a 19 s
+run across 20 ms at 8 in flight (its one-token probe measured the draft amid the cohort's
+catching up), where γ = 8 served 1.40× γ = 0; seeded, it drafts from its first steady round.
+Where the verifier drafts (its head), the drafting is the busiest station's own work, which nothing
+measured prices, and a start at initial_gamma held the head at γ 2–3 for the first second of a
+fresh replica at 0 ms, where γ = 0 is best. So there it runs γ = 0 for its first probe_every
+rounds of steady cycles (`CohortProbes.steady`), then a probe of one token until the draft's
+costs are measured.
 
 The opening. A stream's first drafted blocks are its hardest: on the shipped pair (greedy, the
 held-out prompts, 8 in flight) a block's first token was accepted 0.42 of the time in a stream's
@@ -273,6 +283,13 @@ class PoolCosts:
         return self.draft_pass.n > 0 and self.verify_pass.n > 0
 
     @property
+    def priced(self) -> bool:
+        """Whether a cycle can be priced: the verifier's passes measured, and the draft's too where
+        the verifier drafts (a draft worker's are seeded until then: the module's docstring, The
+        start)."""
+        return self.verify_pass.n > 0 and (self.draft_pass.n > 0 or not self.drafts_on_verifier)
+
+    @property
     def shared(self) -> bool:
         """Whether sessions share the verifier's passes: the load at which they draft as cohorts."""
         return self.verify_sessions > SHARED_PASS
@@ -324,7 +341,9 @@ class PoolCosts:
         replica, think, drafter = _along(self.overhead, top), _along(self.latency, top), [0.0] * (top + 1)
         draft_token = self.draft_ms_per_token()
         draft_call, draft_overhead = _along(self.draft_call, top), _along(self.draft_overhead, top)
-        draft_latency = _along(self.draft_latency, top)
+        # Unmeasured, a draft worker's call takes the verify call's latency: the same round trip.
+        seeded = not (self.draft_latency.n or self.drafts_on_verifier)
+        draft_latency = [think[0]] * (top + 1) if seeded else _along(self.draft_latency, top)
         for g in range(1, top + 1):
             missed = 1.0 - ahead[g] if ahead else 1.0
             work = missed * (g * draft_token + draft_call[g])
@@ -564,7 +583,7 @@ class GammaPolicy:
         """γ for the next cycle, at most `limit` (e.g. the tokens still wanted − 1); ahead: the loop
         drafts ahead during this session's verifies; sessions: its sessions in flight."""
         top = self.max_gamma if limit is None else max(0, min(self.max_gamma, limit))
-        if not self.costs.measured:
+        if not self.costs.priced:
             self.rates_seen = ()
             return min(self._first_gamma(sessions), top)
         rates = self.rates(top, ahead, sessions)
@@ -577,9 +596,10 @@ class GammaPolicy:
         return gamma
 
     def _first_gamma(self, sessions: int) -> int:
-        """γ before both workers are measured: alone, initial_gamma; with others in flight, γ = 0
-        for the replica's first probe_every rounds of steady cycles, then a probe of one token
-        until the draft's costs are measured (the module's docstring, The start)."""
+        """γ before a cycle can be priced: alone, initial_gamma; with others in flight, γ = 0 for
+        the replica's first probe_every rounds of steady cycles (a draft worker's replica is priced
+        after its first), then a probe of one token until the draft's costs are measured (the
+        module's docstring, The start)."""
         if sessions <= 1:
             return self.initial_gamma
         return int(self.probes.steady >= self.probe_every * sessions)
@@ -631,7 +651,7 @@ class GammaPolicy:
 
     def _drafting_wins(self, ahead: bool, sessions: int) -> bool:
         """Whether choose, probes aside, would draft now."""
-        if not self.costs.measured:
+        if not self.costs.priced:
             return self.initial_gamma > 0
         return _best(self.rates(self.max_gamma, ahead, sessions)) > 0
 

@@ -105,17 +105,41 @@ def test_defaults_and_initial_gamma_before_measurements():
     assert GammaPolicy(initial_gamma=6).choose(limit=2) == 2
     assert GammaPolicy(initial_gamma=6).choose(limit=0) == 0
     assert GammaPolicy(initial_gamma=6).choose(limit=-3) == 0
-    # A γ-0 cycle measures the target but not the draft: still the initial γ.
+    # Where the verifier drafts, a γ-0 cycle measures the target but not the drafting: still the
+    # initial γ.
+    policy.costs.drafts_on_verifier = True
     policy.observe(costly_bad_cycle(0))
     assert policy.costs.verify_pass.n > 0 and policy.costs.draft_pass.n == 0
     assert policy.choose() == 4
 
 
+def closed_form_gamma(alpha: float, verify_ms: list[float], round_trip_ms: float) -> int:
+    """argmax over γ of E[tokens | γ] for i.i.d. acceptance over a cycle of the verify's cost
+    (verify_ms[γ]), its round trip and, drafting, the draft call's round trip (its work none)."""
+    return max(range(len(verify_ms)), key=lambda g: expected_tokens(alpha, g) / (
+        verify_ms[g] + round_trip_ms * (1 + (g > 0))))
+
+
+@pytest.mark.parametrize("latency_ms", [0.0, 5.0, 40.0])
+def test_the_draft_is_seeded_from_the_closed_form_until_it_is_measured(latency_ms):
+    """A draft worker's replica that has measured only the verifier prices drafting from the
+    closed form: i.i.d. acceptance at the prior's α, the draft's work none and its call's round
+    trip the verify call's; the longer the round trip, the longer the block."""
+    policy = GammaPolicy()
+    for tokens in (1, 9):  # a verify pass costs 10 + 5 per token
+        policy.observe(CycleCosts(0, 0, 0.0, 0.0, 10.0 + 5.0 * tokens, 0.0, 0.0, latency_ms=latency_ms,
+                                  verify_batching=Batching(1, tokens, 1)))
+    assert policy.costs.draft_pass.n == 0 and policy.costs.priced and not policy.costs.measured
+    expected = closed_form_gamma(policy.prior_alpha, [10.0 + 5.0 * (g + 1) for g in range(9)], latency_ms)
+    assert policy.choose() == expected == {0.0: 1, 5.0: 2, 40.0: 4}[latency_ms]
+
+
 def test_under_load_a_new_replica_starts_at_gamma_0_and_then_probes_one_token():
-    """With others in flight, the first costs a replica measures are those of the regime it
-    starts in: γ = 0 for its first probe_every rounds of steady cycles, then a probe of one token
-    until the draft's costs are measured; alone, the initial γ as ever."""
+    """Where the verifier drafts, with others in flight, the first costs a replica measures are
+    those of the regime it starts in: γ = 0 for its first probe_every rounds of steady cycles, then
+    a probe of one token until the draft's costs are measured; alone, the initial γ as ever."""
     replica = GammaPolicy(probes=CohortProbes(clock=lambda: 0.0))
+    replica.costs.drafts_on_verifier = True
     session = replica.for_session()
     assert session.choose(sessions=1) == replica.initial_gamma and session.choose(sessions=8) == 0
     for _ in range(replica.probe_every * 8 - 1):
@@ -129,6 +153,16 @@ def test_under_load_a_new_replica_starts_at_gamma_0_and_then_probes_one_token():
     assert not replica.costs.measured and session.choose(sessions=8) == 1
     session.observe(loaded_cycle(1, 8))
     assert replica.costs.measured
+
+
+def test_under_load_a_draft_workers_replica_runs_gamma_0_until_the_verifier_is_measured():
+    replica = GammaPolicy(probes=CohortProbes(clock=lambda: 0.0))
+    session = replica.for_session()
+    assert session.choose(sessions=8) == 0
+    session.observe(replace(loaded_cycle(0, 8), verify_fed=40))  # a prefill is no steady cycle
+    assert session.choose(sessions=8) == 0
+    session.observe(loaded_cycle(0, 8))
+    assert replica.costs.priced and session.choose(sessions=8) > 0  # seeded: the draft's work none
 
 
 def test_high_acceptance_and_cheap_draft_picks_large_gamma():
