@@ -278,11 +278,6 @@ class PoolCosts:
         return self.draft_fill.at(0.0) if self.draft_fill.n else -1.0
 
     @property
-    def measured(self) -> bool:
-        """Whether both pools' passes have been measured."""
-        return self.draft_pass.n > 0 and self.verify_pass.n > 0
-
-    @property
     def priced(self) -> bool:
         """Whether a cycle can be priced: the verifier's passes measured, and the draft's too where
         the verifier drafts (a draft worker's are seeded until then: the module's docstring, The

@@ -129,7 +129,7 @@ def test_the_draft_is_seeded_from_the_closed_form_until_it_is_measured(latency_m
     for tokens in (1, 9):  # a verify pass costs 10 + 5 per token
         policy.observe(CycleCosts(0, 0, 0.0, 0.0, 10.0 + 5.0 * tokens, 0.0, 0.0, latency_ms=latency_ms,
                                   verify_batching=Batching(1, tokens, 1)))
-    assert policy.costs.draft_pass.n == 0 and policy.costs.priced and not policy.costs.measured
+    assert policy.costs.draft_pass.n == 0 and policy.costs.priced
     expected = closed_form_gamma(policy.prior_alpha, [10.0 + 5.0 * (g + 1) for g in range(9)], latency_ms)
     assert policy.choose() == expected == {0.0: 1, 5.0: 2, 40.0: 4}[latency_ms]
 
@@ -150,9 +150,9 @@ def test_under_load_a_new_replica_starts_at_gamma_0_and_then_probes_one_token():
     session.observe(loaded_cycle(0, 8))
     assert session.choose(sessions=8) == 1
     session.observe(replace(loaded_cycle(1, 8), draft_fed=40))  # the probe's draft catches up: not measured
-    assert not replica.costs.measured and session.choose(sessions=8) == 1
+    assert replica.costs.draft_pass.n == 0 and not replica.costs.priced and session.choose(sessions=8) == 1
     session.observe(loaded_cycle(1, 8))
-    assert replica.costs.measured
+    assert replica.costs.draft_pass.n > 0 and replica.costs.priced
 
 
 def test_under_load_a_draft_workers_replica_runs_gamma_0_until_the_verifier_is_measured():
@@ -952,7 +952,7 @@ def test_a_stored_state_with_unknown_or_missing_fields_restores():
     replica = GammaPolicy(max_gamma=6)
     restored = replica.for_session({"accepted": 1.5, "max_gamma": 3, "draft_pass": {"n": 4.0}, "newer": 1})
     assert restored.max_gamma == 6 and restored.accepted == 1.5 and restored.verified == 0.0
-    assert restored.costs is replica.costs and not restored.costs.measured
+    assert restored.costs is replica.costs and restored.costs.draft_pass.n == restored.costs.verify_pass.n == 0
     assert replica.for_session({}) == replica.for_session(None) == replica
 
 
