@@ -241,14 +241,15 @@ def test_greedy_output_through_trees_is_the_targets(workers, redis_url, pair, ta
                 context = pair["prompts"][7 + i]
                 s = await open_session(loop, f"tree-greedy-{shape}-{gamma}", context, GREEDY, 24, gamma,
                                        draft_shape=shape)
-                out[gamma] = (context, await generate(loop, s), s.stats)
+                out[gamma] = (context, await generate(loop, s), s.stats, s.policy.tree_ms)
                 await release(loop, s)
             return out
 
-    for gamma, (context, tokens, stats) in asyncio.run(run()).items():
+    for gamma, (context, tokens, stats, tree_ms) in asyncio.run(run()).items():
         assert tokens == hf_greedy(target_model, context, 24), f"gamma {gamma}"
-        trees = [c for c in stats.per_cycle if c.gamma > (gamma or 8)]  # more nodes than a chain's γ
-        assert trees, "some cycles should have drafted trees"
+        # Trees were drafted: at γ = 3, cycles with more nodes than the chain's 3; adaptive, whose
+        # depth its measured costs pick, cycles its policy timed as trees.
+        assert [c for c in stats.per_cycle if c.gamma > 3] if gamma else tree_ms > 0, "no tree was drafted"
 
 
 def test_sampled_first_token_through_trees_follows_the_target(workers, redis_url, pair, target_model):
