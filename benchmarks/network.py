@@ -53,6 +53,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import grpc
 import matplotlib
 import numpy as np
 import torch
@@ -60,6 +61,7 @@ from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
+from tandem.bench.procfs import cpu_seconds
 from tandem.bench.runs import ahead_setting, cluster_mode, concurrent_runs
 from tandem.bench.summary import (acceptance, acceptance_by_block, acceptance_by_position, concurrency_row, cycles,
                                   cycles_by_gamma)
@@ -68,9 +70,13 @@ from tandem.capacity import Cluster, Costs, load_tokens_per_s, lone_cycle_ms
 from tandem.capacity import cold_ms as capacity_cold_ms
 from tandem.capacity import pass_ms as capacity_pass_ms
 from tandem.cli import HELDOUT_PROMPTS, default_pair, head_for
+from tandem.local import spawn_worker, stop_processes
 from tandem.math.analytic import expected_tokens
+from tandem.math.params import SamplingParams
 from tandem.orchestrator.config import OrchestratorConfig
 from tandem.services.llama import Feed, LlamaPass
+from tandem.v1 import worker_pb2_grpc
+from tandem.wire import worker as wire
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -81,6 +87,7 @@ DRAFTERS_OUT = OUT.parent / "network_drafters"  # `sweep --drafter D --out DRAFT
 # sweep --drafter's choices (tandem.local.DRAFTERS but "self", which would need its exit layer).
 NETWORK_DRAFTERS = ("hybrid", "model", "ngram", "head")
 WORKLOADS = ("greedy", "sampled")
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def _modes(text: str) -> list[str]:
@@ -445,7 +452,8 @@ def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
     """The pass timings calibrate uses: --passes FILE's, else the sweep's own (the mean of its
     timings before and after its points), else timed now. JSON keeps the sizes as strings. A
     sweep from before the rows were timed has no "rows" (a row then costs nothing more); one from
-    before the idles were timed gets them timed now, on this machine as it is now."""
+    before the idles or the calls' handling were timed gets them timed now, on this machine as it
+    is now."""
     if args.passes:
         timings = [json.loads(Path(args.passes).read_text())["pass_ms"]]
     elif sweep.get("pass_ms"):
@@ -456,13 +464,17 @@ def _passes(args, sweep: dict, draft: str, target: str, prompt: int) -> dict:
             for model in ("draft", "target")}
     if all("rows" in t for t in timings):
         mean["rows"] = {model: float(np.mean([t["rows"][model] for t in timings])) for model in ("draft", "target")}
+    context = mean_context(prompt, sweep["args"]["max_tokens"])
     if all("cold" in t for t in timings):
         mean["cold"] = {model: {int(idle): float(np.mean([t["cold"][model][idle] for t in timings]))
                                 for idle in timings[0]["cold"][model]} for model in ("draft", "target")}
     else:
-        context = mean_context(prompt, sweep["args"]["max_tokens"])
         mean["cold"] = {name: cold_ms(_pass_runner(Path(path)), context) for name, path in
                         (("draft", draft), ("target", target))}
+    if all("handling" in t for t in timings):
+        mean["handling"] = {int(n): float(np.mean([t["handling"][n] for t in timings])) for n in timings[0]["handling"]}
+    else:
+        mean["handling"] = call_handling_ms(target, context)
     return mean
 
 
@@ -489,13 +501,15 @@ def mean_context(prompt: int, max_tokens: int) -> int:
 
 def time_passes(draft: str, target: str, prompt: int, context: int, repetitions: int = 15) -> dict:
     """Both models' passes (pass_ms) at this context, the target's prefill of the prompt, what a
-    row costs (row_ms) and what a pass costs more after an idle (cold_ms) → {"draft": {tokens: ms},
-    "target": {…}, "rows": {model: ms}, "cold": {model: {idle ms: ms}}}."""
+    row costs (row_ms), what a pass costs more after an idle (cold_ms) and what a target worker's
+    call costs beyond its passes (call_handling_ms) → {"draft": {tokens: ms}, "target": {…},
+    "rows": {model: ms}, "cold": {model: {idle ms: ms}}, "handling": {rows: ms}}."""
     models = {"draft": _pass_runner(Path(draft)), "target": _pass_runner(Path(target))}
     timings = {name: pass_ms(run, PASS_TOKENS, context, repetitions) for name, run in models.items()}
     timings["target"][prompt] = pass_ms(models["target"], (prompt,), 0, repetitions)[prompt]
     timings["rows"] = {name: row_ms(run, context, repetitions) for name, run in models.items()}
     timings["cold"] = {name: cold_ms(run, context, COLD_TIMES * repetitions) for name, run in models.items()}
+    timings["handling"] = call_handling_ms(target, context, repetitions)
     return timings
 
 
@@ -565,19 +579,58 @@ def _timed_pass(run: LlamaPass, context: int, rows: int, tokens: int, idle_ms: f
     return elapsed
 
 
+def call_handling_ms(target: str, context: int, repetitions: int = 15) -> dict[int, float]:
+    """What a target verifier's process spends on a call beyond its passes (Costs.handling_ms and
+    handling_call_ms), timed on a worker of its own on loopback (one torch thread, as on the bed):
+    γ = 0 calls of one token a row on caches of `context` tokens, back to back, of 1 row and of
+    ROWS rows in turns of CALLS_TIMED calls, `repetitions` turns each → per row count, the median
+    turn's process CPU per call less its passes (the answers' compute_ms)."""
+    proc, address = spawn_worker("target", target, "127.0.0.1", 1, "cpu", "float32", echo=False)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = worker_pb2_grpc.TargetVerifierStub(channel)
+            cached = {f"handling-{i}": 0 for i in range(ROWS)}  # session → its cache's tokens
+
+            def call(fed: dict[str, list[int]]) -> float:
+                request = wire.batch_request("VerifyBatch", [wire.verify_request(
+                    session, cached[session], tokens, None, GREEDY) for session, tokens in fed.items()])
+                answers = wire.batch_answers(stub.VerifyBatch(request, timeout=60))
+                for session, tokens in fed.items():
+                    cached[session] += len(tokens)
+                return wire.verification_from_pb(answers[0]).compute_ms  # the rows shared their passes
+
+            call({session: list(range(200, 200 + context)) for session in cached})  # the caches
+            turns: dict[int, list[float]] = {1: [], ROWS: []}
+            for _ in range(repetitions):
+                for n in turns:
+                    cpu, compute = cpu_seconds(proc.pid), 0.0
+                    for _ in range(CALLS_TIMED):
+                        compute += call({session: [100 + cached[session] % 50] for session in list(cached)[:n]})
+                    turns[n].append(((cpu_seconds(proc.pid) - cpu) * 1e3 - compute) / CALLS_TIMED)
+            return {n: float(np.median(t)) for n, t in turns.items()}
+    finally:
+        stop_processes([proc])
+
+
+CALLS_TIMED = 20  # call_handling_ms's calls per turn: the process's CPU clock ticks every 10 ms
+
+
 def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int) -> Costs:
-    """A point's costs, none read from its tokens/s or from any run with others in flight:
+    """A point's costs, none read from its tokens/s or, but for its acceptance, from any run with
+    others in flight:
     - the passes as timed, a table per model (a pass here is no line: its matrix kernels change
       with the rows) at a session's mean context, the target's with the mean prompt's prefill,
       and a row's cost past a pass's first;
-    - α as the i.i.d. rate that gives the mean acceptance length its γ had in the workload's
-      lone runs (at every delay: acceptance does not depend on it);
+    - α as the i.i.d. rate that gives the point's mean acceptance length, which its prompts and
+      sampling seeds set (a lone sweep's 6 prompts accept less than a loaded one's 48: 2.42 tokens
+      a cycle at γ = 4 greedy, against 2.71);
     - what a pass costs more after its worker idled (_cold_costs);
     - from γ = 0's lone cycles: the call's CPU as the verifier's time beyond its pass (and the
       pass's coldness after the rest of the cycle) plus the transport at zero delay (gRPC's
       encoding, the delay proxy's relaying, the event loops), of which the verifier's process
-      takes the handling (_handling_ms) between its passes, the round trip as what the transport
-      takes more at the point's delay, and the orchestrator's time per cycle;
+      takes the handling (_handling_ms) between its passes (each row past a call's first what
+      call_handling_ms timed a row to add), the round trip as what the transport takes more at
+      the point's delay, and the orchestrator's time per cycle;
     - the orchestrator's CPU per call to the drafter, from the lone run of the point's γ at the
       least delay (_orchestrator_draft_call_ms);
     - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, and a
@@ -586,7 +639,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     workload = point["workload"]
     alone = [r for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r["mode"] != "adaptive"]
     same_gamma = [r for r in alone if r["mode"] == point["mode"]]
-    alpha = _alpha_for(float(np.mean([r["mean_acceptance_length"] for r in same_gamma])), gamma) if gamma else 0.0
+    alpha = _alpha_for(point["mean_acceptance_length"], gamma) if gamma else 0.0
     plain = {r["delay_ms"]: r["cycle"] for r in alone if r["mode"] == cluster_mode(0)}
     drafting = [r for r in alone if r["mean_gamma"]]
     # A cycle's draft time, per cycle that made a draft call (a block drafted ahead made none).
@@ -595,7 +648,8 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     bonus, recovered = _fit_guess_rates(alone)
     rows = passes.get("rows", {})
     lone_zero = next(r for r in alone if r["mode"] == cluster_mode(0) and r["delay_ms"] == 0.0)
-    handling = _handling_ms(lone_zero)
+    handling = _handling_ms(lone_zero)  # a call of one row's, of which a row's is what one more adds
+    per_row = min(handling, max(0.0, (passes["handling"][ROWS] - passes["handling"][1]) / (ROWS - 1)))
     cold = _cold_costs(passes["cold"]) if "cold" in passes else {}
     # γ = 0's verify alone came after the rest of its cycle idle: its pass colder than the table's.
     zero = plain[0.0]
@@ -610,7 +664,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
                  orchestrator_ms=zero["orchestration_ms"],
                  orchestrator_draft_call_ms=_orchestrator_draft_call_ms(nearest, plain[nearest["delay_ms"]]) if gamma
                  else 0.0,
-                 call_ms=max(0.0, call - handling), handling_ms=handling,
+                 call_ms=max(0.0, call - handling), handling_ms=per_row, handling_call_ms=handling - per_row,
                  draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
                  ahead_step_ms=_ahead_step_ms(alone, passes), prompt_tokens=prompt)
 

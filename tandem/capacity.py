@@ -36,7 +36,8 @@ back to back; a pass takes the next step of the waiting jobs in arrival order, w
 fit in max_batch_tokens (the first always, however long), and costs intercept + slope · (its
 tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms) for
 each of its jobs past the first, and the handling of the rows it runs the first step of
-(Costs.handling_ms: on a CPU the worker's process runs it between passes), and more when the worker
+(Costs.handling_ms, and handling_call_ms for each call whose first row it runs: on a CPU the
+worker's process runs it between passes), and more when the worker
 idled before it (Costs.*_cold_ms: caches and clocks gone cold). A γ-token draft takes part in γ
 passes; a job that arrives during a pass waits for the next. Before a pass, a worker holds it for
 the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its fixed
@@ -130,9 +131,12 @@ class Costs:
     call_ms: float = 0.0  # a worker's CPU per call outside its passes, beside them
     # A worker's CPU per row of a call that its passes wait for: a CPU worker is one Python process,
     # whose gRPC handling and model thread take turns at the interpreter lock. It is counted in the
-    # pass that runs the row's first step (measured on the test bed, 0.8 ms: at 8 sessions in
-    # flight, 6 ms of a verifier's 20 per pass).
+    # pass that runs the row's first step; and handling_call_ms more once per call, in the pass that
+    # runs its first row's (decoding the request, answering it). Timed on a target worker on the
+    # test bed's host, γ = 0 calls of one token a row: 1.4 ms beyond the passes for a call of one
+    # row, 2.5 for a call of eight, so a call costs most of it and a row 0.16.
     handling_ms: float = 0.0
+    handling_call_ms: float = 0.0
     draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
     # a_1, a_2, …: the chance that a block's j-th drafted token is accepted, the ones before it
     # accepted (past the last, the last), as tandem's γ policy learns it; None: α at every position.
@@ -179,8 +183,8 @@ class Costs:
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
                      "must be in [0, 1]")
         for name in ("rtt_ms", "orchestrator_ms", "orchestrator_draft_call_ms", "call_ms", "handling_ms",
-                     "draft_token_ms", "background_ms", "draft_row_ms", "target_row_ms", "draft_cold_ms",
-                     "target_cold_ms"):
+                     "handling_call_ms", "draft_token_ms", "background_ms", "draft_row_ms", "target_row_ms",
+                     "draft_cold_ms", "target_cold_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         _require(0 < self.cold_after_ms < math.inf, "cold_after_ms", "must be > 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
@@ -338,8 +342,9 @@ def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     orchestrator's CPU (and its draft call's); and each worker's first pass of the cycle colder
     for the rest of the cycle, which it idled (cold_ms; the fixed point: each worker idles for the
     other's work, its coldness included)."""
-    drafter = gamma * pass_ms(costs.draft_pass, 1) + costs.handling_ms if gamma else 0.0  # its passes' work
-    verifier = pass_ms(costs.target_pass, gamma + 1) + costs.handling_ms
+    handling = costs.handling_ms + costs.handling_call_ms  # a call of one row's
+    drafter = gamma * pass_ms(costs.draft_pass, 1) + handling if gamma else 0.0  # its passes' work
+    verifier = pass_ms(costs.target_pass, gamma + 1) + handling
     warm = (drafter + verifier + gamma * costs.draft_token_ms + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
             + costs.orchestrator_ms + (costs.orchestrator_draft_call_ms if gamma else 0.0))
     # Each worker idles for all of the cycle but its own work: the rest, and the other's coldness.
@@ -443,19 +448,21 @@ class _Call:
     """One batched call: the rows a replica sends a worker in one turn, answered together once
     every row has run (tandem.orchestrator.turns, ProposeBatch and VerifyBatch)."""
 
-    __slots__ = ("worker", "kind", "rows", "left")
+    __slots__ = ("worker", "kind", "rows", "left", "handled")
 
     def __init__(self, worker: _Worker, kind: int, rows: list[tuple[int, int, int]]) -> None:
         self.worker, self.kind = worker, kind  # _DRAFT, _VERIFY or _AHEAD
         self.rows = rows  # (slot, steps, tokens a step)
         self.left = len(rows)  # rows still running
+        self.handled = False  # whether a pass has charged its handling_call_ms
 
 
 class _Worker:
     """A drafter or a verifier: its waiting jobs ([arrival seq, slot, steps left, tokens a step,
     its call, not yet handled]), the pass it runs, and what it did in the window."""
 
-    __slots__ = ("drafts", "cost", "row_ms", "cold_ms", "handling_ms", "cap", "hold_ms", "waiting", "batch",
+    __slots__ = ("drafts", "cost", "row_ms", "cold_ms", "handling_ms", "handling_call_ms", "cap", "hold_ms",
+                 "waiting", "batch",
                  "pass_start", "pass_end", "busy_ms", "passes", "tokens", "answered", "way_round", "holding",
                  "hold_stamp")
 
@@ -465,6 +472,7 @@ class _Worker:
         self.row_ms = costs.draft_row_ms if drafts else costs.target_row_ms  # and per row past its first
         self.cold_ms = costs.draft_cold_ms if drafts else costs.target_cold_ms  # and at most after an idle
         self.handling_ms = costs.handling_ms  # and per row at its first step
+        self.handling_call_ms = costs.handling_call_ms  # and per call at its first row's
         self.cap = costs.max_batch_tokens
         self.hold_ms = HOLD_SHARE * pass_ms(self.cost, 0)  # a share of the pass's fixed cost
         self.waiting: list[list] = []
@@ -738,10 +746,14 @@ class _Run:
         if self.measuring:
             worker.passes += 1
             worker.tokens += tokens
-        handled = sum(job[5] for job in worker.batch)  # rows at their first step
-        for job in worker.batch:
+        fresh = [job for job in worker.batch if job[5]]  # rows at their first step
+        calls = {job[4] for job in fresh if not job[4].handled}  # and calls at their first row's
+        for job in fresh:
             job[5] = False
-        work = (pass_ms(worker.cost, tokens) + worker.row_ms * (len(worker.batch) - 1) + worker.handling_ms * handled
+        for call in calls:
+            call.handled = True
+        work = (pass_ms(worker.cost, tokens) + worker.row_ms * (len(worker.batch) - 1)
+                + worker.handling_ms * len(fresh) + worker.handling_call_ms * len(calls)
                 + cold_ms(worker.cold_ms, self.now - worker.pass_end, self.costs.cold_after_ms))
         self.cores.start(work, _PASS_END, worker)
 

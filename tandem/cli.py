@@ -975,6 +975,8 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--handling-ms", type=float, help="a worker's CPU per row of a call that its passes wait for "
                                                            "(a CPU worker's gRPC handling, one Python process; "
                                                            "default 0)")
+    cluster.add_argument("--handling-call-ms", type=float, help="and per call, once, in the pass that runs its first "
+                                                                "row (decoding and answering it; default 0)")
     cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
                                                               "passes (default 0)")
     cluster.add_argument("--ahead-step-ms", type=float, help="with --draft-ahead: a draft-ahead call's CPU per step "

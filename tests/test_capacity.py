@@ -30,21 +30,23 @@ def lone(costs: Costs, gamma: int, tokens_per_session: int = ENDLESS, host_cores
 @pytest.mark.parametrize("host_cores", [0, 1])
 def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
     """Alone, a session's passes, calls and cycles run one after another: one shared core serves
-    it as well as a processor per worker. A call's handling is its worker's work (in its pass)."""
+    it as well as a processor per worker. A call's handling (its row's and its own) is its
+    worker's work (in its pass)."""
     costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=alpha, rtt_ms=rtt_ms, orchestrator_ms=0.5,
-                  orchestrator_draft_call_ms=0.25, call_ms=0.3, handling_ms=0.2, draft_token_ms=0.07)
+                  orchestrator_draft_call_ms=0.25, call_ms=0.3, handling_ms=0.2, handling_call_ms=0.15,
+                  draft_token_ms=0.07)
     expected = closed_form_tokens_per_s(costs, gamma)
     calls = 2 if gamma else 1
-    cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3 + 0.2) + 0.5  # by hand
+    cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3 + 0.35) + 0.5  # by hand
     cycle += 0.25 if gamma else 0.0  # the orchestrator's CPU for its draft call
     assert expected == pytest.approx(1e3 * expected_tokens(alpha, gamma) / cycle, rel=1e-12)
     got = lone(costs, gamma, host_cores=host_cores)
     # Exact but for rounding: every cycle is alike, and a cycle counts its expected output.
     assert got.tokens_per_s == pytest.approx(expected, rel=1e-9)
     assert got.cycle_ms == pytest.approx(cycle, rel=1e-9)
-    assert got.verifier_utilization == pytest.approx((20.0 + 0.1 * (gamma + 1) + 0.2) / cycle, rel=1e-6)
+    assert got.verifier_utilization == pytest.approx((20.0 + 0.1 * (gamma + 1) + 0.35) / cycle, rel=1e-6)
     if gamma:
-        assert got.drafter_utilization == pytest.approx((gamma * 2.02 + 0.2) / cycle, rel=1e-6)
+        assert got.drafter_utilization == pytest.approx((gamma * 2.02 + 0.35) / cycle, rel=1e-6)
     else:
         assert got.drafter_utilization is None
     assert got.tokens_per_verify_pass == gamma + 1
@@ -285,7 +287,8 @@ def test_cli_json(capsys):
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                             "orchestrator_ms": 0.0, "orchestrator_draft_call_ms": 0.0, "call_ms": 0.0,
-                            "handling_ms": 0.0, "draft_token_ms": 0.0, "acceptance_by_position": None,
+                            "handling_ms": 0.0, "handling_call_ms": 0.0, "draft_token_ms": 0.0,
+                            "acceptance_by_position": None,
                             "ahead_step_ms": None, "background_ms": 0.0, "draft_row_ms": 0.0, "target_row_ms": 0.0,
                             "draft_cold_ms": 0.0, "target_cold_ms": 0.0, "cold_after_ms": 10.0, "prompt_tokens": 128,
                             "bonus_guess": None, "recovered_guess": None, "max_batch_tokens": 512}
@@ -314,9 +317,9 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                 "orchestrator_ms": 0.2, "orchestrator_draft_call_ms": 0.1, "call_ms": 0.1, "handling_ms": 0.3,
-                "draft_token_ms": 0.05, "background_ms": 0.0, "draft_row_ms": 0.01, "target_row_ms": 0.2,
-                "draft_cold_ms": 0.4, "target_cold_ms": 1.2, "cold_after_ms": 12.0, "prompt_tokens": 32,
-                "max_batch_tokens": 256}
+                "handling_call_ms": 0.4, "draft_token_ms": 0.05, "background_ms": 0.0, "draft_row_ms": 0.01,
+                "target_row_ms": 0.2, "draft_cold_ms": 0.4, "target_cold_ms": 1.2, "cold_after_ms": 12.0,
+                "prompt_tokens": 32, "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
@@ -406,6 +409,10 @@ def test_a_load_started_together_moves_as_one_cohort():
     rows = replace(costs, target_row_ms=0.7, handling_ms=0.4)
     assert load_tokens_per_s(rows, cluster, 0, 4, seeds=3) == pytest.approx(
         1e3 * 4 * tokens / (load_ms + tokens * (3 * 0.7 + 4 * 0.4)), rel=1e-12)
+    # The call's own handling, handling_call_ms, once a pass: the four rows came as one call.
+    calls = replace(rows, handling_call_ms=0.9)
+    assert load_tokens_per_s(calls, cluster, 0, 4, seeds=3) == pytest.approx(
+        1e3 * 4 * tokens / (load_ms + tokens * (3 * 0.7 + 4 * 0.4 + 0.9)), rel=1e-12)
 
 
 def test_a_batched_draft_call_costs_the_replica_once():
