@@ -45,7 +45,8 @@ guesses did: the whole block accepted and the bonus token guessed (P_γ · g, P_
 a block's first i tokens are accepted, g the replica's measured rate of right guesses after a
 full accept), or, past rejections, the block rejected at one of its first `ahead_rejections`
 positions and the recovered token guessed ((1 − P_min(γ, R)) · h, h the replica's rate of right
-guesses after a rejection there). A γ-0 cycle's verify drafts ahead too when the next cycle
+guesses after a rejection there, a reply that drafted no guess there a miss: an n-gram lookup
+drafts past the whole block only). A γ-0 cycle's verify drafts ahead too when the next cycle
 would draft (the first cycle's: the prompt's prefill). Across a network that call
 is a round trip; charging it to every drafting cycle made γ = 0 look better than it was.
 
@@ -396,8 +397,8 @@ class PairAcceptance:
     passed: list[float] = field(default_factory=list)
     guesses: float = 0.0  # fully accepted blocks that had drafted ahead
     hits: float = 0.0  # … and whose bonus token was the draft's guess
-    rejections: float = 0.0  # blocks rejected at a position drafting ahead had drafted past
-    recoveries: float = 0.0  # … and whose recovered token was the draft's guess
+    rejections: float = 0.0  # blocks rejected at one of the first ahead_rejections positions, drafted ahead
+    recoveries: float = 0.0  # … and whose recovered token was the draft's guess (a lookup drafts none)
 
     def observe(self, accepted: int, gamma: int, guessed: bool | None, recovered: bool | None = None,
                 opening: bool = False) -> None:

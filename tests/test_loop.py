@@ -138,6 +138,21 @@ def test_drafting_ahead_past_rejections_changes_no_token_and_comes_true_after_th
     assert sum(hits[0.0, gamma, gamma][1] for gamma in (2, 4)) > 0
 
 
+def test_what_drafting_ahead_guessed_counts_every_outcome_the_policy_prices():
+    """Its rates are g after a full accept and h after a rejection at one of the first R positions
+    (tandem.orchestrator.policy): a reply that drafted no guess past the rejection (an n-gram
+    lookup's, past the whole block only) is a miss of h, not left out of it."""
+    from tandem.orchestrator.cycle import _guesses
+
+    reply, block = object(), object()
+    assert _guesses(reply, block, 4, 4, 2) == (True, None)
+    assert _guesses(reply, None, 4, 4, 2) == (False, None)
+    assert _guesses(reply, block, 4, 1, 2) == (None, True)
+    assert _guesses(reply, None, 4, 1, 2) == (None, False)  # no guess drafted there, or a wrong one
+    assert _guesses(reply, None, 4, 2, 2) == (None, None)  # past the positions it drafts past
+    assert _guesses(None, None, 4, 4, 2) == (None, None) == _guesses(None, None, 4, 0, 2)  # no reply
+
+
 def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url, pair):
     """Drafting ahead uses the draft worker's idle time; with another session in flight it is
     not idle, and wasted guesses would delay that session's blocks."""
