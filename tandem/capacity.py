@@ -37,8 +37,8 @@ fit in max_batch_tokens (the first always, however long), and costs intercept + 
 tokens), or what a table of measured passes says (pass_ms), plus a row's cost (Costs.*_row_ms) for
 each of its jobs past the first, and the handling of the rows it runs the first step of
 (Costs.handling_ms, and handling_call_ms for each call whose first row it runs: on a CPU the
-worker's process runs it between passes), and more when the worker
-idled before it (Costs.*_cold_ms: caches and clocks gone cold). A γ-token draft takes part in γ
+worker's process runs it between passes), and more when the worker idled before it
+(Costs.*_cold_ms: caches and clocks gone cold). A γ-token draft takes part in γ
 passes; a job that arrives during a pass waits for the next. Before a pass, a worker holds it for
 the sessions due back (answered earlier, their last way round ending within HOLD_SHARE of its fixed
 cost from now) until they come or that time is up, as tandem.services.holding does, so that cohorts
@@ -462,9 +462,8 @@ class _Worker:
     its call, not yet handled]), the pass it runs, and what it did in the window."""
 
     __slots__ = ("drafts", "cost", "row_ms", "cold_ms", "handling_ms", "handling_call_ms", "cap", "hold_ms",
-                 "waiting", "batch",
-                 "pass_start", "pass_end", "busy_ms", "passes", "tokens", "answered", "way_round", "holding",
-                 "hold_stamp")
+                 "waiting", "batch", "pass_start", "pass_end", "busy_ms", "passes", "tokens", "answered", "way_round",
+                 "holding", "hold_stamp")
 
     def __init__(self, drafts: bool, costs: Costs) -> None:
         self.drafts = drafts

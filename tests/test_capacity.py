@@ -288,10 +288,10 @@ def test_cli_json(capsys):
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                             "orchestrator_ms": 0.0, "orchestrator_draft_call_ms": 0.0, "call_ms": 0.0,
                             "handling_ms": 0.0, "handling_call_ms": 0.0, "draft_token_ms": 0.0,
-                            "acceptance_by_position": None,
-                            "ahead_step_ms": None, "background_ms": 0.0, "draft_row_ms": 0.0, "target_row_ms": 0.0,
-                            "draft_cold_ms": 0.0, "target_cold_ms": 0.0, "cold_after_ms": 10.0, "prompt_tokens": 128,
-                            "bonus_guess": None, "recovered_guess": None, "max_batch_tokens": 512}
+                            "acceptance_by_position": None, "ahead_step_ms": None, "background_ms": 0.0,
+                            "draft_row_ms": 0.0, "target_row_ms": 0.0, "draft_cold_ms": 0.0, "target_cold_ms": 0.0,
+                            "cold_after_ms": 10.0, "prompt_tokens": 128, "bonus_guess": None, "recovered_guess": None,
+                            "max_batch_tokens": 512}
     assert [(r["drafters"], r["gamma"]) for r in out["rows"]] == [(0, 0), (1, 1), (1, 2), (1, 3)]
     row_fields = {"drafters", "verifiers", "drafters_per_verifier", "gamma", "gpus", "tokens_per_s", "tokens_per_s_se",
                   "tokens_per_s_per_gpu", "per_session_tokens_per_s", "ttft_ms", "ttft_p50_ms", "ttft_p90_ms",
