@@ -39,6 +39,22 @@ cycle, it left the wait as it was, and every cycle after the first probe drafted
 Sessions that share passes probe together (Cohorts, below). α is learned along the accepted
 path, whatever the draft's shape (a token tree's is a path γ deep).
 
+γ = 0 teaches nothing of the draft, so an estimate that fell below what drafting needs would
+stand: an option that disappointed is not tried again, so its estimate is not corrected (the hot
+stove; Denrell and March 2001). So alone, γ = 0 wins only where it wins at an α `hope` standard
+errors higher (the replica's error on all the tokens it has verified, as much of it as the
+session's α rests on), and where γ = 0 wins at the estimate alone, the cycle drafts what the
+hopeful α is worth: a young replica drafts on where its α is within its error of paying, and the
+hope fades as it learns the pair. Without it, alone across 20 ms, a fresh replica's first streams
+put its α at 0.39–0.43 on a few dozen verified tokens, where drafting broke even at 0.41, and
+sessions held γ = 0 for 7 to 33 cycles at a time (each probe that did not lift α far enough
+doubled the wait) where fixed γ = 6 served 1.45× γ = 0; with it, one streak of 6 cycles in two
+runs, and adaptive served 0.96× the best fixed γ paired over 4 rounds (0.94–0.95× before).
+Sessions that share passes choose at the estimate: their cohorts probe together on the
+replica's schedule (Cohorts, below), and with the n-gram on held-out code at 8 in flight, where
+the policy rates drafting within 2–5 % of γ = 0, hope had them draft at a mean γ of 0.3–0.8 and
+serve 0.88–0.93× γ = 0 (0.95× without).
+
 Drafting ahead (tandem.orchestrator.cycle: alone, the draft worker drafts the next block while the
 target verifies this one) saves the next cycle's draft call when the verify ends as one of its
 guesses did: the whole block accepted and the bonus token guessed (P_γ · g, P_i the chance that
@@ -187,6 +203,7 @@ a steady one costs 0.3 to 0.5, its latency 9.5 ms where 2 to 5), and 2 runs of 4
 most of their streams (0.80 and 0.81× fixed γ = 3).
 """
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -386,12 +403,13 @@ class PoolCosts:
 class PairAcceptance:
     """What the replica has seen of its draft against its target, from every session's cycles:
     the decayed accepted and verified tokens, overall and per block position (censored: a block
-    verifies its positions up to its first rejection, at most γ), and how often drafting ahead
-    guessed the bonus and the recovered token."""
+    verifies its positions up to its first rejection, at most γ), how often drafting ahead
+    guessed the bonus and the recovered token, and how many tokens it has verified in all."""
 
     decay: float = 0.98  # per cycle observed: slower than a session's, it pools many sessions
     accepted: float = 0.0
     verified: float = 0.0
+    seen: int = 0  # verified tokens, undecayed: how much the replica knows of the pair
     # Per block position j = 1, 2, …: the blocks that verified it, and those that accepted it.
     reached: list[float] = field(default_factory=list)
     passed: list[float] = field(default_factory=list)
@@ -411,8 +429,9 @@ class PairAcceptance:
             self.rejections, self.recoveries = d * self.rejections + 1, d * self.recoveries + recovered
         if opening:
             return
-        self.accepted = d * self.accepted + accepted
-        self.verified = d * self.verified + verified_tokens(accepted, gamma)
+        verified = verified_tokens(accepted, gamma)
+        self.accepted, self.verified = d * self.accepted + accepted, d * self.verified + verified
+        self.seen += verified
         for counts in (self.reached, self.passed):
             counts.extend([0.0] * (gamma - len(counts)))
         for j in range(len(self.reached)):  # j + 1: the position
@@ -498,6 +517,7 @@ class GammaPolicy:
     prior_alpha: float = 0.6  # the replica's α before it has seen a block
     prior_weight: float = 2.0  # pseudo-observations behind prior_alpha
     pair_weight: float = 8.0  # verified tokens' worth of the replica's α behind a session's
+    hope: float = 1.0  # standard errors of the replica's α that γ = 0 must win by (the module's docstring)
     decay: float = 0.9  # per cycle: older evidence fades so the policy follows the text
     probe_every: int = 8
     ahead_rejections: int = 0  # a block's first positions drafting ahead drafts past a rejection at
@@ -532,17 +552,29 @@ class GammaPolicy:
         return min((pair.accepted + self.prior_alpha * self.prior_weight) / (pair.verified + self.prior_weight), 0.999)
 
     @property
+    def pair_error(self) -> float:
+        """The standard error of the replica's α on all the tokens it has verified (and the
+        prior's): it fades as the replica learns the pair, where the decayed evidence would stop."""
+        alpha = self.pair_alpha
+        return math.sqrt(alpha * (1.0 - alpha) / (self.pair.seen + self.prior_weight))
+
+    @property
     def alpha(self) -> float:
         """The session's acceptance estimate: its evidence on the replica's."""
         a = (self.accepted + self.pair_alpha * self.pair_weight) / (self.verified + self.pair_weight)
         return min(a, 0.999)
 
-    def survival(self, top: int) -> list[float]:
+    def survival(self, top: int, hopeful: bool = False) -> list[float]:
         """P(a block's first i tokens are accepted), i = 0 … top: the products of the session's
         a_j, the replica's with their odds scaled by the session's α's against the replica's;
-        the replica's own where sessions share passes (a cohort's γ: the module's docstring)."""
+        the replica's own where sessions share passes (a cohort's γ: the module's docstring).
+        hopeful: the session's α higher by `hope` standard errors of the replica's, as much of one
+        as it rests on (its evidence of its own outweighs the replica's)."""
         pair = self.pair_alpha
         alpha = pair if self.costs.shared else self.alpha
+        if hopeful:
+            share = self.pair_weight / (self.verified + self.pair_weight)
+            alpha = min(alpha + self.hope * share * self.pair_error, 0.999)
         scale = alpha * (1.0 - pair) / max((1.0 - alpha) * pair, 1e-9)  # the odds ratio
         survival = [1.0]
         for a in self.pair.by_position(pair, top):
@@ -568,10 +600,10 @@ class GammaPolicy:
     def tokens_per_ms(self, gamma: int, ahead: bool = False, sessions: int = 1) -> float:
         return self.rates(gamma, ahead, sessions)[gamma]
 
-    def rates(self, top: int, ahead: bool = False, sessions: int = 1) -> list[float]:
+    def rates(self, top: int, ahead: bool = False, sessions: int = 1, hopeful: bool = False) -> list[float]:
         """Expected tokens per ms of the cluster's time, per γ ≤ top, with `sessions` in flight in
-        the loop; ahead: the loop drafts ahead."""
-        survival = self.survival(top)
+        the loop; ahead: the loop drafts ahead; hopeful: at the hopeful α (survival)."""
+        survival = self.survival(top, hopeful)
         cycles = self.costs.cycles_ms(top, self.ahead_rates(survival) if ahead else None, sessions)
         return [tokens / max(ms, 1e-6) for tokens, ms in zip(accumulate(survival), cycles)]
 
@@ -584,12 +616,20 @@ class GammaPolicy:
             return min(self._first_gamma(sessions), top)
         rates = self.rates(top, ahead, sessions)
         self.rates_seen = tuple(rates)
-        gamma = _best(rates)
+        gamma = self._hoped(_best(rates), top, ahead, sessions)
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)
             if self.costs.shared:
                 self.probes.began(self.probe_every)
         return gamma
+
+    def _hoped(self, gamma: int, top: int, ahead: bool, sessions: int) -> int:
+        """`gamma`, the best γ at the estimated α; where that is 0 and the session does not share
+        passes, the best at the hopeful α (γ = 0 teaches nothing of the draft: the module's
+        docstring)."""
+        if gamma or not top or self.costs.shared:
+            return gamma
+        return _best(self.rates(top, ahead, sessions, hopeful=True))
 
     def _first_gamma(self, sessions: int) -> int:
         """γ before a cycle can be priced: alone, initial_gamma; with others in flight, γ = 0 for
@@ -649,7 +689,8 @@ class GammaPolicy:
         """Whether choose, probes aside, would draft now."""
         if not self.costs.priced:
             return self.initial_gamma > 0
-        return _best(self.rates(self.max_gamma, ahead, sessions)) > 0
+        top = self.max_gamma
+        return self._hoped(_best(self.rates(top, ahead, sessions)), top, ahead, sessions) > 0
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:

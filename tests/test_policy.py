@@ -835,12 +835,38 @@ def test_a_sessions_acceptance_scales_the_replicas_by_position():
     assert worse.alpha < same.alpha and all(r < 1 for r in ratios) and ratios == sorted(ratios, reverse=True)
 
 
+def test_gamma_0_wins_only_by_the_replicas_error():
+    """γ = 0 teaches nothing of the draft, so a low estimate would stand (the hot stove): γ = 0
+    wins only where it wins at α a standard error of the replica's higher. On a dozen blocks the
+    replica's α (0.42, drafting breaks even near 0.41) is unsure, and a session drafts what that
+    hope is worth; on ninety blocks at the same α it is sure, and γ = 0 wins. A session's own
+    evidence outweighs the replica's, and its share of the hope. Sessions that share passes
+    choose at the estimate: their cohort's probes explore (the n-gram at 8 in flight drafted at a
+    loss on hope)."""
+    unsure, sure = replica_that_saw([1, 1, 0] * 4), replica_that_saw([1, 1, 0] * 30)
+    assert unsure.pair_alpha == pytest.approx(sure.pair_alpha, abs=0.02) and unsure.pair_error > sure.pair_error
+    session = unsure.for_session()
+    hopeful = session.rates(8, hopeful=True)
+    assert brute_force_choice(session, 8) == 0 and 0 < session.choose() == hopeful.index(max(hopeful))
+    assert sure.for_session().choose() == 0 and replace(unsure, hope=0.0).for_session().choose() == 0
+    own = unsure.for_session({"accepted": 0.41 * 400, "verified": 400.0})  # its own text, as sure
+    assert own.survival(8, hopeful=True)[1] - own.survival(8)[1] < 0.02 * unsure.pair_error
+    assert own.choose() == 0
+    cohort = GammaPolicy(opening_blocks=0, probes=CohortProbes(clock=lambda: 0.0))
+    cohort.costs.drafts_on_verifier = True
+    for accepted in [1, 0, 1, 0]:
+        cohort.for_session().observe(replace(loaded_cycle(4, 8), accepted=accepted, wall_ms=20.0))
+    member = cohort.for_session()
+    hopeful = member.rates(8, hopeful=True)
+    assert cohort.costs.shared and hopeful.index(max(hopeful)) > 0 and member.choose() == 0
+
+
 def test_a_sessions_evidence_fades_while_it_does_not_draft():
     """γ = 0 cycles carry no acceptance, but the text moves on: the session's α drifts back to the
     replica's, and the probe that ends the streak drafts the block that α is worth."""
     replica = replica_that_saw([4, 3, 2, 4] * 10)
     session = replica.for_session()
-    for _ in range(8):  # probes rejected at their first token: γ = 0 pays
+    for _ in range(12):  # probes rejected at their first token: γ = 0 pays
         session.observe(remote_cycle(2, 0))
     assert session.choose() == 0
     low = session.alpha
