@@ -641,7 +641,6 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     same_gamma = [r for r in alone if r["mode"] == point["mode"]]
     alpha = _alpha_for(point["mean_acceptance_length"], gamma) if gamma else 0.0
     zeros = {r["delay_ms"]: r for r in alone if r["mode"] == cluster_mode(0)}
-    plain = {delay: r["cycle"] for delay, r in zeros.items()}
     drafting = [r for r in alone if r["mean_gamma"]]
     # A cycle's draft time, per cycle that made a draft call (a block drafted ahead made none).
     per_call = [r["cycle"]["draft_ms"] / (1.0 - (r["cycle"].get("drafted_ahead_share") or 0.0)) for r in drafting]
@@ -653,7 +652,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     per_row = min(handling, max(0.0, (passes["handling"][ROWS] - passes["handling"][1]) / (ROWS - 1)))
     cold = _cold_costs(passes["cold"]) if "cold" in passes else {}
     # γ = 0's verify alone came after the rest of its cycle idle: its pass colder than the table's.
-    zero = plain[0.0]
+    zero = zeros[0.0]["cycle"]
     zero_cold = capacity_cold_ms(cold["target_cold_ms"], zero["total_ms"] - zero["verify_ms"],
                                  cold["cold_after_ms"]) if cold else 0.0
     call = max(0.0, zero["verify_ms"] - passes["target"][1] - zero_cold) + zero["transport_ms"]
@@ -661,7 +660,7 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
     return Costs(draft_pass=tuple(sorted(passes["draft"].items())), target_pass=tuple(sorted(passes["target"].items())),
                  draft_row_ms=rows.get("draft", 0.0), target_row_ms=rows.get("target", 0.0), **cold, alpha=alpha,
                  bonus_guess=bonus, recovered_guess=recovered,
-                 rtt_ms=max(0.0, plain[point["delay_ms"]]["transport_ms"] - plain[0.0]["transport_ms"]),
+                 rtt_ms=max(0.0, zeros[point["delay_ms"]]["cycle"]["transport_ms"] - zero["transport_ms"]),
                  orchestrator_ms=zero["orchestration_ms"],
                  orchestrator_draft_call_ms=_orchestrator_draft_call_ms(nearest, zeros[nearest["delay_ms"]]) if gamma
                  else 0.0,
@@ -674,11 +673,8 @@ def _handling_ms(lone_zero: dict) -> float:
     """A call's handling in its worker's process between passes (Costs.handling_ms): in a lone
     γ = 0 run at 0 ms, the verifier's process's CPU per cycle less its passes' (the cycle's
     compute). 0 for a sweep that did not measure the processes' CPU."""
-    cores = {name: share for name, share in lone_zero.get("cores_by_role", {}).items() if name.startswith("target")}
-    if not cores:
-        return 0.0
-    cycles_per_ms = lone_zero["aggregate_tokens_per_s"] / 1e3  # γ = 0: a token a cycle
-    return max(0.0, sum(cores.values()) / cycles_per_ms - lone_zero["cycle"]["verify_ms"])
+    cpu = _cpu_per_cycle_ms(lone_zero, "target")
+    return 0.0 if cpu is None else max(0.0, cpu - lone_zero["cycle"]["verify_ms"])
 
 
 def _orchestrator_draft_call_ms(lone: dict, zero: dict) -> float:
@@ -694,20 +690,21 @@ def _orchestrator_draft_call_ms(lone: dict, zero: dict) -> float:
     share = cycle.get("drafted_ahead_share") or 0.0
     calls = 1.0 - share + (1.0 if cycle.get("ahead_ms") else 0.0)
     beyond = max(0.0, cycle["orchestration_ms"] - zero["cycle"]["orchestration_ms"])
-    cpu = [_replica_cpu_ms(r) for r in (lone, zero)]
+    cpu = [_cpu_per_cycle_ms(r, "serve replica") for r in (lone, zero)]
     if None not in cpu:
         beyond = min(beyond, max(0.0, cpu[0] - cpu[1]))
     return beyond / calls
 
 
-def _replica_cpu_ms(row: dict) -> float | None:
-    """A lone run's Serve replica's CPU per cycle (the orchestrator's cycles run there), from its
-    share of a core and its cycles per ms; None where the sweep did not measure it."""
-    share = row.get("cores_by_role", {}).get("serve replica")
-    if share is None:
+def _cpu_per_cycle_ms(row: dict, role: str) -> float | None:
+    """A lone run's CPU per cycle in the processes whose role starts with `role` (the verifier's:
+    "target"; the orchestrator's cycles run in the "serve replica"), from their shares of a core
+    and the run's cycles per ms; None where the sweep did not measure the processes' CPU."""
+    shares = [share for name, share in row.get("cores_by_role", {}).items() if name.startswith(role)]
+    if not shares:
         return None
     cycles_per_ms = row["aggregate_tokens_per_s"] / 1e3 / row["mean_acceptance_length"]
-    return share / cycles_per_ms
+    return sum(shares) / cycles_per_ms
 
 
 def _ahead_step_ms(alone: list[dict], passes: dict) -> float | None:

@@ -614,22 +614,23 @@ class GammaPolicy:
         if not self.costs.priced:
             self.rates_seen = ()
             return min(self._first_gamma(sessions), top)
-        rates = self.rates(top, ahead, sessions)
+        rates, gamma = self._choice(top, ahead, sessions)
         self.rates_seen = tuple(rates)
-        gamma = self._hoped(_best(rates), top, ahead, sessions)
         if gamma == 0 and top > 0 and self._probe_due():
             gamma = max(range(1, top + 1), key=rates.__getitem__)
             if self.costs.shared:
                 self.probes.began(self.probe_every)
         return gamma
 
-    def _hoped(self, gamma: int, top: int, ahead: bool, sessions: int) -> int:
-        """`gamma`, the best γ at the estimated α; where that is 0 and the session does not share
-        passes, the best at the hopeful α (γ = 0 teaches nothing of the draft: the module's
-        docstring)."""
+    def _choice(self, top: int, ahead: bool, sessions: int) -> tuple[list[float], int]:
+        """(the rates at the estimated α, the γ to draft): their best γ; where that is 0 and the
+        session does not share passes, the best at the hopeful α (γ = 0 teaches nothing of the
+        draft: the module's docstring)."""
+        rates = self.rates(top, ahead, sessions)
+        gamma = _best(rates)
         if gamma or not top or self.costs.shared:
-            return gamma
-        return _best(self.rates(top, ahead, sessions, hopeful=True))
+            return rates, gamma
+        return rates, _best(self.rates(top, ahead, sessions, hopeful=True))
 
     def _first_gamma(self, sessions: int) -> int:
         """γ before a cycle can be priced: alone, initial_gamma; with others in flight, γ = 0 for
@@ -689,8 +690,7 @@ class GammaPolicy:
         """Whether choose, probes aside, would draft now."""
         if not self.costs.priced:
             return self.initial_gamma > 0
-        top = self.max_gamma
-        return self._hoped(_best(self.rates(top, ahead, sessions)), top, ahead, sessions) > 0
+        return self._choice(self.max_gamma, ahead, sessions)[1] > 0
 
     def _observe_shape(self, c: CycleCosts, output_tokens: int) -> None:
         # A prefill (the first cycle, a re-prefill) costs what no steady cycle of either shape will:

@@ -839,10 +839,10 @@ def test_gamma_0_wins_only_by_the_replicas_error():
     """γ = 0 teaches nothing of the draft, so a low estimate would stand (the hot stove): γ = 0
     wins only where it wins at α a standard error of the replica's higher. On a dozen blocks the
     replica's α (0.42, just short of where drafting pays across this link) is unsure, and a
-    session drafts what that hope is worth; on ninety blocks at the same α it is sure, and γ = 0 wins. A session's own
-    evidence outweighs the replica's, and its share of the hope. Sessions that share passes
-    choose at the estimate: their cohort's probes explore (the n-gram at 8 in flight drafted at a
-    loss on hope)."""
+    session drafts what that hope is worth; on ninety blocks at the same α it is sure, and γ = 0
+    wins. A session's own evidence outweighs the replica's, and its share of the hope. Sessions
+    that share passes choose at the estimate: their cohort's probes explore (the n-gram at 8 in
+    flight drafted at a loss on hope)."""
     unsure, sure = replica_that_saw([1, 1, 0] * 4), replica_that_saw([1, 1, 0] * 30)
     assert unsure.pair_alpha == pytest.approx(sure.pair_alpha, abs=0.02) and unsure.pair_error > sure.pair_error
     session = unsure.for_session()
