@@ -1,6 +1,6 @@
-"""The n-gram draft worker (prompt lookup): no model. It proposes the tokens that followed the
+"""The n-gram draft worker (prompt lookup): no model. It proposes the γ tokens that followed the
 latest earlier occurrence of the context's longest suffix (n from max_n down to min_n) within
-the last `window` tokens, up to γ of them, or none when nothing matches (a γ-0 cycle).
+the last `window` tokens, or none when nothing matches (a γ-0 cycle).
 
 It is a DraftWorker like the model's: the same service, the same cache_len contract (its
 "cache" is the session's token list, cropped and extended like a KV cache, holding the
@@ -47,8 +47,11 @@ class Lookup:
         return f"ngram(n={self.min_n}-{self.max_n}, window={self.window})"
 
     def propose(self, context: list[int], gamma: int) -> list[int]:
-        """Up to γ tokens that followed the latest earlier occurrence of the longest matching
-        suffix of context; [] when no suffix of min_n tokens or more occurred before."""
+        """γ tokens that followed the latest earlier occurrence of the longest matching suffix
+        of context; [] when no suffix of min_n tokens or more occurred before. Where the context
+        ends less than γ tokens after the match, the copy runs on into its own tokens (LZ77's
+        overlapping copy): text in a loop of p tokens drafts the loop on, where a copy stopped
+        at the context's end drafted p at most, whatever γ the policy asked for."""
         searched = np.asarray(context[-self.window:] if self.window else context, dtype=np.int64)  # [L]
         length = len(searched)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
@@ -56,7 +59,8 @@ class Lookup:
             starts = np.flatnonzero((windows == searched[-n:]).all(axis=1))
             if starts.size:
                 follow = int(starts[-1]) + n  # the latest match's next token
-                return searched[follow:follow + gamma].tolist()
+                period = length - follow  # the suffix recurs this many tokens after its match
+                return searched[follow + np.arange(gamma) % period].tolist()
         return []
 
 

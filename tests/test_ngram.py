@@ -30,8 +30,9 @@ def test_lookup_proposes_what_followed_the_latest_longest_match():
     lookup = Lookup(min_n=1, max_n=3, window=0)
     context = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
     assert lookup.propose(context, 2) == [7, 8]  # the latest "1 2 3" is followed by 7 8
-    assert lookup.propose(context, 10) == [7, 8, 5, 1, 2, 3]  # up to the end of the context
-    assert lookup.propose([4, 5, 6, 5], 3) == [6, 5]  # only "5" matches: n falls back to 1
+    # Past the context's end the copy runs on into itself: "1 2 3" recurs every 6 tokens.
+    assert lookup.propose(context, 10) == [7, 8, 5, 1, 2, 3, 7, 8, 5, 1]
+    assert lookup.propose([4, 5, 6, 5], 3) == [6, 5, 6]  # only "5" matches: n falls back to 1
     assert lookup.propose([4, 5, 6, 7], 3) == []  # nothing occurred before
     assert Lookup(min_n=2, max_n=3).propose([4, 5, 6, 5], 3) == []  # "5" alone is too short
     assert lookup.propose([3], 2) == []
