@@ -49,7 +49,7 @@ class Lookup:
     def propose(self, context: list[int], gamma: int) -> list[int]:
         """γ tokens that followed the latest earlier occurrence of the longest matching suffix
         of context; [] when no suffix of min_n tokens or more occurred before. Where the context
-        ends less than γ tokens after the match, the copy runs on into its own tokens (LZ77's
+        ends fewer than γ tokens after the match, the copy runs on into its own tokens (LZ77's
         overlapping copy): text in a loop of p tokens drafts the loop on, where a copy stopped
         at the context's end drafted p at most, whatever γ the policy asked for."""
         searched = np.asarray(context[-self.window:] if self.window else context, dtype=np.int64)  # [L]
