@@ -23,11 +23,11 @@ passes before the first round and after each. `--control` runs γ = 0 twice a ro
 apart from the modes: its ratio to the first, paired the same way, is what the bed's noise alone
 moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
-then measures what a replica just started serves), warmed up with γ = 0 at the point's sessions
-in flight (warmed with one stream, fixed γ = 0 on it served 0.98× the warm replica's; with the
-point's load, 1.01×): every mode runs on one cluster, and the
-policy's state is its replica's, so without it an adaptive run starts from what the fixed modes
-before it taught the replica. Needs root (network namespaces). `--drafter` picks who drafts: a
+then measures what a replica just started serves), warmed up in its own mode and workload with
+one stream per session in flight, on prompts the run does not serve (fixed γ = 0 warmed so served
+0.98–1.01× the warm replica's): every mode runs on one cluster, and the policy's state is its
+replica's, so without it an adaptive run starts from what the fixed modes before it taught the
+replica, and with a warm-up at γ = 0 from nothing (a replica's first seconds, not its hours). Needs root (network namespaces). `--drafter` picks who drafts: a
 draft worker on its own host (hybrid, the default; model; ngram) or the verifier with the shipped
 EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts several
 drafters' sweeps side by side. `calibrate` predicts each fixed-γ point with
@@ -168,11 +168,12 @@ def sweep(args) -> None:
                 cluster.bed.set_delay(delay, args.jitter_ms)
                 # The same prompts at every delay and workload: points differ only in what they vary.
                 batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
+                warm_up = [prompts[(len(batch) + j) % len(prompts)] for j in range(in_flight)]  # others where there are
                 for run in rng.sample(rounds, len(rounds)):
                     (controls if run == CONTROL else rows).append({
                         "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                         "workload": workload, "repeat": repeat,
-                        **_sweep_run(cluster, args, run, workload, batch, in_flight, repeat)})
+                        **_sweep_run(cluster, args, run, workload, batch, warm_up, repeat)})
                 best, adaptive, _ = _point(rows[-len(modes):])  # the point's runs of this round
                 print(f"[round {repeat + 1}/{args.repeats}, point {i + 1}/{len(points)}, {time.time() - start:.0f} s] "
                       f"delay {delay:g} ms, {workload}, {in_flight} in flight: best {best['mode']} "
@@ -183,16 +184,20 @@ def sweep(args) -> None:
             write(rows, args, timings, controls)
 
 
-def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: list[list[int]], in_flight: int,
-               repeat: int) -> dict:
-    """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode."""
-    mode = cluster_mode(0) if run == CONTROL else run
+def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: list[list[int]],
+               warm_up: list[list[int]], repeat: int) -> dict:
+    """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode; warm_up: one
+    prompt per session in flight."""
+    mode, in_flight = cluster_mode(0) if run == CONTROL else run, len(warm_up)
     # A new replica for adaptive (its policy starts from nothing the other modes taught it) and
     # for the control (which then measures what a replica just started serves).
     if args.fresh_adaptive and (mode == cluster_mode(None) or run == CONTROL):
         cluster.restart_orchestrator()
-        # Warm it up as loaded as the run will be (a replica serves for hours).
-        concurrent_runs(cluster.address, cluster_mode(0), "greedy", batch[:in_flight], 16, in_flight, 0)
+        # Warm it up in its own mode, as loaded as the run will be, on other streams: a replica
+        # serves for hours, and has learned the pair on its traffic (warmed at γ = 0, a fresh
+        # replica's first cohort learned the pair from its streams' first blocks: α fell to 0.24
+        # on three, and it ran γ = 0 for 0.8 s of a 10 s run at 1 ms, where γ = 0 serves 0.75×).
+        concurrent_runs(cluster.address, mode, workload, warm_up, args.max_tokens, in_flight, 0, ignore_eos=True)
     busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
     runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                  round_seed(args.seed, repeat), ignore_eos=True)

@@ -312,16 +312,20 @@ class PoolCosts:
         intercept, slope = self.draft_pass.line()
         return intercept / max(self.draft_sessions, 1.0) + slope
 
-    def verify_ms(self, gamma: int) -> float:
-        """A session's share of the verify pass of a γ-token block."""
+    def verify_ms(self, gamma: int, sessions: int | None = None) -> float:
+        """A session's share of the verify pass of a γ-token block (sessions: as for fill)."""
         intercept, slope = self.verify_pass.line()
-        return intercept / self.fill(gamma) + slope * (gamma + 1)
+        return intercept / self.fill(gamma, sessions) + slope * (gamma + 1)
 
-    def fill(self, gamma: int) -> float:
+    def fill(self, gamma: int, sessions: int | None = None) -> float:
         """The sessions a verify pass of a γ cycle is shared by: as measured, or at γ = 0 where
-        sessions share passes, the most they have held lately."""
+        sessions share passes, the most they have held lately, but no more than `sessions` (those
+        in the loop, where given): as a run's last streams end, its passes held 4.7 lately where 2
+        were left, and γ = 0, priced at 4.7, held the last stream for 40 cycles at 1 ms, where
+        alone drafting serves 1.3× γ = 0."""
         if gamma == 0 and self.shared:
-            return max(self.verify_full, self.verify_sessions, 1.0)
+            full = self.verify_full if sessions is None else min(self.verify_full, sessions)
+            return max(full, self.verify_sessions, 1.0)
         return max(self.verify_sessions, 1.0)
 
     def cycle_ms(self, gamma: int, sessions: int = 1) -> float:
@@ -339,18 +343,19 @@ class PoolCosts:
         # the replica's first few cycles lasts only as many more.
         if ahead is None and self.memo and self.memo[0] == (top, n) and self.seen - self.memo[1] < min(n, self.memo[1]):
             return self.memo[2]
-        verifier, drafter, replica, think = self.stations(top, ahead)
+        verifier, drafter, replica, think = self.stations(top, ahead, n)
         cycles = [closed_loop_ms((verifier[g], drafter[g], replica[g]), think[g], n) for g in range(top + 1)]
         if ahead is None:
             self.memo = ((top, n), self.seen, cycles)
         return cycles
 
-    def stations(self, top: int, ahead: list[float] | None = None) -> tuple[list[float], ...]:
+    def stations(self, top: int, ahead: list[float] | None = None, sessions: int | None = None,
+                 ) -> tuple[list[float], ...]:
         """A session's cycle at γ = 0 … top as (verifier, drafter, replica, latency): its work at
         each station (its share of the passes and its calls' CPU, the drafting's at the verifier
-        where the verifier drafts) and its latency, which uses no station."""
+        where the verifier drafts) and its latency, which uses no station; sessions: as for fill."""
         call = _along(self.verify_call, top)
-        verifier = [self.verify_ms(g) + call[g] for g in range(top + 1)]  # each drafted token adds to the pass
+        verifier = [self.verify_ms(g, sessions) + call[g] for g in range(top + 1)]  # each drafted token adds to the pass
         replica, think, drafter = _along(self.overhead, top), _along(self.latency, top), [0.0] * (top + 1)
         draft_token = self.draft_ms_per_token()
         draft_call, draft_overhead = _along(self.draft_call, top), _along(self.draft_overhead, top)

@@ -438,6 +438,18 @@ def test_gamma_0_is_priced_at_the_passes_its_cohort_merges_into():
     assert costs.fill(0) == pytest.approx(4.0, rel=0.05)
 
 
+def test_gamma_0_is_priced_at_no_more_sessions_than_are_left():
+    """A run's last streams: the passes held 8 lately, 2 sessions are left. γ = 0 is priced at the
+    2 that can line up, not the 8 that did: the cycle the loop's 2 sessions make, as drafting's."""
+    policy = trained(lambda g: loaded_cycle(g, 8), [0] * 16)
+    for g in [2, 4, 1, 3] * 4:
+        policy.observe(loaded_cycle(g, 2))
+    costs = policy.costs
+    assert costs.fill(0) > 6.0 and costs.fill(0, 8) > 6.0
+    assert costs.fill(0, 2) == pytest.approx(costs.fill(2), rel=0.1)
+    assert costs.stations(2, sessions=2)[0][0] > 1.5 * costs.stations(2)[0][0]
+
+
 def test_call_costs_that_grow_with_gamma_are_learned_as_lines():
     """Sampled, every drafted token carries its distribution: the calls' CPU, the orchestrator's
     and the latency grow with γ (k ms-ish per token here). The policy learns each as a line in γ,
