@@ -27,9 +27,10 @@ then measures what a replica just started serves), warmed up in its own mode and
 one stream per session in flight, on prompts the run does not serve (fixed γ = 0 warmed so served
 0.98–1.01× the warm replica's): every mode runs on one cluster, and the policy's state is its
 replica's, so without it an adaptive run starts from what the fixed modes before it taught the
-replica, and with a warm-up at γ = 0 from nothing (a replica's first seconds, not its hours). Needs root (network namespaces). `--drafter` picks who drafts: a
-draft worker on its own host (hybrid, the default; model; ngram) or the verifier with the shipped
-EAGLE-3 head (head: its blocks cross only the verifier's link). `drafters` puts several
+replica, and with a warm-up at γ = 0 from nothing (a replica's first seconds, not its hours).
+Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own host
+(hybrid, the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its
+blocks cross only the verifier's link). `drafters` puts several
 drafters' sweeps side by side. `calibrate` predicts each fixed-γ point with
 tandem.capacity.simulate, the bed's processes sharing the host's cores, from costs measured apart
 from it (`_costs`). `runahead` measures a lone session's tokens/s against the delay with

@@ -355,7 +355,8 @@ class PoolCosts:
         each station (its share of the passes and its calls' CPU, the drafting's at the verifier
         where the verifier drafts) and its latency, which uses no station; sessions: as for fill."""
         call = _along(self.verify_call, top)
-        verifier = [self.verify_ms(g, sessions) + call[g] for g in range(top + 1)]  # each drafted token adds to the pass
+        # Each drafted token adds to the pass.
+        verifier = [self.verify_ms(g, sessions) + call[g] for g in range(top + 1)]
         replica, think, drafter = _along(self.overhead, top), _along(self.latency, top), [0.0] * (top + 1)
         draft_token = self.draft_ms_per_token()
         draft_call, draft_overhead = _along(self.draft_call, top), _along(self.draft_overhead, top)
