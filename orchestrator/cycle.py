@@ -265,7 +265,7 @@ class SpeculativeLoop:
         call.span.set_attributes({
             "tandem.cycle.accepted": accepted, "tandem.cycle.output_tokens": len(new),
             "tandem.cycle.ended_with": "bonus" if accepted == gamma else "recovered",
-            "tandem.cycle.alpha_estimate": s.policy.alpha,
+            "tandem.cycle.alpha_estimate": s.policy.pair_alpha,
         })
         # 7. Commit to Redis before the client sees the tokens.
         try:

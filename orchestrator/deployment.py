@@ -70,7 +70,7 @@ class GenerationService:
                 log.error("Prometheus metrics not served on port %d: %s", config.metrics_port, e)
         self._ready: asyncio.Task | None = None
         # The policy's settings and the replica's costs (tandem.orchestrator.policy): every
-        # session's policy shares these costs and has its own acceptance.
+        # session's policy shares these costs and acceptance and has its own probes and shapes.
         self._policy = GammaPolicy(max_gamma=config.max_gamma, initial_gamma=min(4, config.max_gamma),
                                    ahead_rejections=config.ahead_rejections if config.draft_ahead else 0)
 

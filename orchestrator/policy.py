@@ -15,14 +15,22 @@ follows). The i.i.d. form at those blocks' α (0.75, accepted over verified toke
 too high at γ = 4 and 6 % at γ = 8: it overvalues short blocks against long ones, whose last
 tokens add more than α^j.
 
-A session's α stands on the replica's (`PairAcceptance`: what every session's cycles have shown
-of this draft against this target, overall and per block position), worth `pair_weight`
-verified tokens, with its own decayed evidence on top; the session's a_j are the replica's,
-their odds scaled by the session's α's against the replica's. Alone, on a weak fixed prior,
-two blocks rejected at their first token took α from 0.6 to 0.3 and held a session at γ = 0 for
-most of its stream across a 20 ms link, where the draft was right two times in three. A
-session's evidence fades per cycle, drafted or not: the text moves on while γ = 0 too, and its
-α drifts back to the replica's.
+Every session chooses with the replica's acceptance (`PairAcceptance`: what every session's
+cycles have shown of this draft against this target, overall and per block position, fading
+0.2 % a block observed, so that it follows the pair and the mix of texts over some 500 blocks).
+A session's own last blocks say little of its next one: on the test bed (the shipped pair, the
+held-out prompts) they predicted its next block's accepted tokens with a correlation of 0.13. A
+session's α on its own evidence fading 10 % a cycle (on the replica's, worth 8 verified tokens)
+moved between 0.31 and 0.75 within a stream, over γ 1–4 whose S differed by 13 % (the median),
+so its choices followed noise: alone at 0 ms, greedy, it served 0.88–0.92× the best fixed γ's
+tokens/s, and 0.95–0.98× choosing with the replica's α (at 1 ms, T = 1: 0.93× and 0.97–1.00×);
+with the replica's fading 2 % a cycle, 0.92–0.94×. Over the whole test bed's sweep, adaptive's
+worst point went from 0.91× the best fixed γ to 0.94× alone, and from 0.89× to 0.93× at 8 in
+flight (benchmarks/README.md). Alone, on a weak fixed prior, two blocks rejected at their first
+token took α from 0.6 to 0.3 and held a session at γ = 0 for most of its stream across a 20 ms
+link, where the draft was right two times in three. What this gives up: a session whose text
+the draft cannot follow, among sessions whose text it can, drafts the replica's γ where γ = 0
+would serve it better.
 
 γ = 0 is plain target decoding; while it wins, every `probe_every` cycles one cycle drafts
 anyway, so a stale α can recover. A probe after which γ = 0 still wins doubles the session's
@@ -42,8 +50,7 @@ path, whatever the draft's shape (a token tree's is a path γ deep).
 γ = 0 teaches nothing of the draft, so an estimate that fell below what drafting needs would
 stand: an option that disappointed is not tried again, so its estimate is not corrected (the hot
 stove; Denrell and March 2001). So alone, γ = 0 wins only where it wins at an α `hope` standard
-errors higher (the replica's error on all the tokens it has verified, as much of it as the
-session's α rests on), and where γ = 0 wins at the estimate alone, the cycle drafts what the
+errors higher (the replica's error on all the tokens it has verified), and where γ = 0 wins at the estimate alone, the cycle drafts what the
 hopeful α is worth: a young replica drafts on where its α is within its error of paying, and the
 hope fades as it learns the pair. Without it, alone across 20 ms, a fresh replica's first streams
 put its α at 0.39–0.43 on a few dozen verified tokens, where drafting broke even at 0.41, and
@@ -143,8 +150,8 @@ held-out prompts, 8 in flight) a block's first token was accepted 0.42 of the ti
 first block, 0.50 in its second and 0.72 from its sixth on, and teacher-forced, without a
 cluster, the draft's greedy token was the target's at 0.46–0.62 of a stream's first six tokens
 against 0.65 after (the text, not the cycle). So the replica's acceptance learns nothing from a
-stream's first `opening_blocks` blocks; the session's own evidence counts them, and drafting
-ahead's rates of right guesses count every block. A fresh replica's first cohort has every
+stream's first `opening_blocks` blocks; drafting ahead's rates of right guesses count every
+block. A fresh replica's first cohort has every
 stream at its opening: learning from them, its α fell from the prior's 0.6 to 0.27–0.33, and
 γ = 0 then held those streams for 8 to 40 of their cycles (15–30 % of a 48-stream run's cycles at
 γ = 0 where fixed γ = 3 was best; 3–14 % now).
@@ -154,12 +161,11 @@ turn and send their next calls as one batched call (tandem.orchestrator.turns), 
 worker answers once its longest block is drafted. A session's cycle then lasts as long as its
 cohort's, whatever its own γ: one that drafts less than the others gives up tokens without saving
 the time its share of the passes says it saves, and one at γ = 0 splits off into a verify pass
-of its own. So sessions that share the verifier's passes (more than SHARED_PASS sessions per pass)
-choose with the replica's acceptance instead of their own, and so the same γ: the one that
-maximizes the cohort's expected tokens over its time, as a batch-wide γ does (vLLM's fixed γ,
-SmartSpec's per-batch goodput). Choosing each with its own α, 8 sessions in flight on the test
-bed output 2.33 tokens per cycle at a mean γ of 3.06, against 2.53 at γ = 3 for all, in cycles
-as long. They probe together too (CohortProbes), on the replica's schedule rather than each on
+of its own. Sessions that share the verifier's passes (more than SHARED_PASS sessions per pass), choosing
+with the replica's acceptance, choose the same γ: the one that maximizes the cohort's expected
+tokens over its time, as a batch-wide γ does (vLLM's fixed γ, SmartSpec's per-batch goodput).
+Choosing each with its own α, 8 sessions in flight on the test bed output 2.33 tokens per cycle
+at a mean γ of 3.06, against 2.53 at γ = 3 for all, in cycles as long. They probe together too (CohortProbes), on the replica's schedule rather than each on
 its own streak: a session that probes alone lags its cohort by a draft call and splits off into
 passes of its own. With n-gram drafts on held-out code (γ = 0 best) at 8 in flight, sessions
 probing alone held the verifier's passes at 6.3–6.7 sessions against γ = 0's 7.5–7.9 and served
@@ -185,8 +191,8 @@ per call, they made long blocks look cheap at T = 1.
 
 Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries.
 So a replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's
-choice, and a session stores only what is its own (its acceptance, its shapes' rates): a few
-numbers, not the fits. A new or resumed session chooses from what the replica has measured.
+choice, and a session stores only what is its own (its probes' streak and wait, its shapes' rates, its
+blocks so far): a few numbers, not the fits. A new or resumed session chooses from what the replica has measured.
 
 Worker costs are learned from steady cycles only. A call that feeds a worker more committed
 tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
@@ -226,10 +232,10 @@ POSITION_WEIGHT = 4.0
 SHARED_PASS = 1.5
 # The busiest station's utilization past which more sessions only queue (closed_loop_ms).
 SATURATED = 0.99
-# What is a session's own (stored with it, forgotten by a new one): its acceptance, and its shapes'
-# rates (tokens per ms) that came of it.
-ACCEPTANCE = {"accepted": 0.0, "verified": 0.0, "zero_streak": 0, "probe_gap": 0, "chain_tokens": 0.0,
-              "chain_ms": 0.0, "tree_tokens": 0.0, "tree_ms": 0.0, "last_tree": False, "shape_streak": 0, "blocks": 0}
+# What is a session's own (stored with it, forgotten by a new one): its probes' streak and wait,
+# its shapes' rates (tokens per ms) and its drafted blocks so far.
+SESSION_STATE = {"zero_streak": 0, "probe_gap": 0, "chain_tokens": 0.0, "chain_ms": 0.0, "tree_tokens": 0.0,
+                 "tree_ms": 0.0, "last_tree": False, "shape_streak": 0, "blocks": 0}
 # A stream's first drafted blocks, which the replica's acceptance does not learn from (the module's
 # docstring, The opening).
 OPENING_BLOCKS = 2
@@ -412,7 +418,7 @@ class PairAcceptance:
     verifies its positions up to its first rejection, at most γ), how often drafting ahead
     guessed the bonus and the recovered token, and how many tokens it has verified in all."""
 
-    decay: float = 0.98  # per cycle observed: slower than a session's, it pools many sessions
+    decay: float = 0.998  # per cycle observed: it pools every session's blocks, and follows the pair, not a text
     accepted: float = 0.0
     verified: float = 0.0
     seen: int = 0  # verified tokens, undecayed: how much the replica knows of the pair
@@ -516,21 +522,18 @@ class CohortProbes:
 
 @dataclass
 class GammaPolicy:
-    """A session's γ and shape choice: its acceptance, and the replica's costs (shared)."""
+    """A session's γ and shape choice: its probes and shapes, and the replica's costs and acceptance
+    (shared)."""
 
     max_gamma: int = 8
     initial_gamma: int = 4  # used until both workers have been measured
     prior_alpha: float = 0.6  # the replica's α before it has seen a block
     prior_weight: float = 2.0  # pseudo-observations behind prior_alpha
-    pair_weight: float = 8.0  # verified tokens' worth of the replica's α behind a session's
     hope: float = 1.0  # standard errors of the replica's α that γ = 0 must win by (the module's docstring)
-    decay: float = 0.9  # per cycle: older evidence fades so the policy follows the text
+    decay: float = 0.9  # per cycle: the shapes' rates fade so that the choice follows the text
     probe_every: int = 8
     ahead_rejections: int = 0  # a block's first positions drafting ahead drafts past a rejection at
     opening_blocks: int = OPENING_BLOCKS  # a stream's first blocks, kept from the replica's acceptance
-    # Decayed acceptance evidence.
-    accepted: float = 0.0
-    verified: float = 0.0
     zero_streak: int = 0
     probe_gap: int = 0  # γ-0 cycles before the next probe (0: probe_every)
     # Per draft shape, the decayed output tokens and cost of its drafting cycles; the shape of the
@@ -553,7 +556,7 @@ class GammaPolicy:
 
     @property
     def pair_alpha(self) -> float:
-        """The replica's acceptance estimate (below 1, as a session's: survival divides by 1 − α)."""
+        """The replica's acceptance estimate (below 1: survival divides by 1 − α)."""
         pair = self.pair
         return min((pair.accepted + self.prior_alpha * self.prior_weight) / (pair.verified + self.prior_weight), 0.999)
 
@@ -564,23 +567,13 @@ class GammaPolicy:
         alpha = self.pair_alpha
         return math.sqrt(alpha * (1.0 - alpha) / (self.pair.seen + self.prior_weight))
 
-    @property
-    def alpha(self) -> float:
-        """The session's acceptance estimate: its evidence on the replica's."""
-        a = (self.accepted + self.pair_alpha * self.pair_weight) / (self.verified + self.pair_weight)
-        return min(a, 0.999)
-
     def survival(self, top: int, hopeful: bool = False) -> list[float]:
-        """P(a block's first i tokens are accepted), i = 0 … top: the products of the session's
-        a_j, the replica's with their odds scaled by the session's α's against the replica's;
-        the replica's own where sessions share passes (a cohort's γ: the module's docstring).
-        hopeful: the session's α higher by `hope` standard errors of the replica's, as much of one
-        as it rests on (its evidence of its own outweighs the replica's)."""
+        """P(a block's first i tokens are accepted), i = 0 … top: the products of the replica's
+        a_j (a session's own last blocks say little of its next one: the module's docstring).
+        hopeful: with their odds scaled to an α higher by `hope` standard errors of the
+        replica's."""
         pair = self.pair_alpha
-        alpha = pair if self.costs.shared else self.alpha
-        if hopeful:
-            share = self.pair_weight / (self.verified + self.pair_weight)
-            alpha = min(alpha + self.hope * share * self.pair_error, 0.999)
+        alpha = min(pair + self.hope * self.pair_error, 0.999) if hopeful else pair
         scale = alpha * (1.0 - pair) / max((1.0 - alpha) * pair, 1e-9)  # the odds ratio
         survival = [1.0]
         for a in self.pair.by_position(pair, top):
@@ -597,7 +590,7 @@ class GammaPolicy:
         or rejected at one of its first ahead_rejections positions (1 − survival[min(γ, R)]) and
         its recovered token guessed (the replica's rates; before it has them, α and α / 2: the
         draft's next choice is right less often than its first)."""
-        alpha, pair = self.alpha, self.pair
+        alpha, pair = self.pair_alpha, self.pair
         bonus = (pair.hits + 2.0 * alpha) / (pair.guesses + 2.0)
         recovered = (pair.recoveries + alpha) / (pair.rejections + 2.0)
         return [survival[g] * bonus + (1.0 - survival[min(g, self.ahead_rejections)]) * recovered if g else 0.0
@@ -667,17 +660,14 @@ class GammaPolicy:
 
     def observe(self, c: CycleCosts, output_tokens: int = 0, ahead: bool = False, sessions: int = 1) -> None:
         """Fold one cycle's measurements (and, for the shapes' rates, its output tokens) into the
-        session's estimates and the replica's costs; ahead and sessions: as for choose."""
+        session's probes and shapes and the replica's costs and acceptance; ahead and sessions: as
+        for choose."""
         gap = self.probe_gap or self.probe_every
         probed = bool(c.gamma) and self.zero_streak + 1 >= gap
         self.zero_streak = self.zero_streak + 1 if c.gamma == 0 else 0
         caught_up = c.draft_fed > STEADY_DRAFT_FED
         if probed and caught_up:  # the probe goes on to a steady cycle (the module's docstring)
             self.zero_streak, probed = gap - 1, False
-        # Evidence fades per cycle, drafted or not (the module's docstring).
-        verified = verified_tokens(c.accepted, c.gamma) if c.gamma else 0
-        self.accepted = self.decay * self.accepted + c.accepted
-        self.verified = self.decay * self.verified + verified
         if c.draft_fed <= STEADY_DRAFT_FED and c.verify_fed <= STEADY_VERIFY_FED:
             self.probes.cycled(c.wall_ms)
         self.costs.observe(c)
@@ -715,14 +705,15 @@ class GammaPolicy:
         self.last_tree = c.tree
 
     def to_dict(self) -> dict:
-        """The session's own state, to store: its acceptance and its shapes' rates."""
-        return {name: getattr(self, name) for name in ACCEPTANCE}
+        """The session's own state, to store: its probes' streak and wait, its shapes' rates, its blocks."""
+        return {name: getattr(self, name) for name in SESSION_STATE}
 
     def for_session(self, state: dict | None = None) -> "GammaPolicy":
         """A policy with these settings and these costs (the same object: the replica's), and
-        the acceptance of `state` (a stored session's to_dict; unknown fields ignored) or none yet."""
-        known = {k: v for k, v in (state or {}).items() if k in ACCEPTANCE}
-        return replace(self, **(ACCEPTANCE | known))
+        the own state of `state` (a stored session's to_dict; unknown fields, such as the acceptance
+        a session stored before it chose with the replica's, ignored) or a new session's."""
+        known = {k: v for k, v in (state or {}).items() if k in SESSION_STATE}
+        return replace(self, **(SESSION_STATE | known))
 
 
 def _best(rates: list[float]) -> int:

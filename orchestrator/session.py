@@ -11,7 +11,7 @@ The committed tokens and each cycle's stats are strings of their own (tandem.orc
 A session runs as a `Session`; a resume reads it back as a `SessionRecord`.
 A hash is read back whole (a resume), so every field is a string there; `gamma` "" means
 adaptive, a worker "" none yet, `tree_widths` is comma-separated, `acceptance` the γ policy's
-per-session numbers (tandem.orchestrator.policy.ACCEPTANCE) as a JSON object.
+per-session numbers (tandem.orchestrator.policy.SESSION_STATE) as a JSON object.
 """
 
 import json
@@ -68,7 +68,7 @@ class Session:
     session_id: str
     request: Request
     tokens: list[int]  # committed sequence, prompt first
-    policy: GammaPolicy  # the replica's costs, this session's acceptance
+    policy: GammaPolicy  # the replica's costs and acceptance, this session's probes and shapes
     owner: str = ""  # this writer's id: the store commits only its cycles
     epoch: int = 1  # this writer's epoch (the store's claims of the session): workers run no older one's calls
     cycle: int = 0

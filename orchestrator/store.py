@@ -2,7 +2,7 @@
 
 Per session three keys, all with a TTL:
 - `tandem:session:{id}` (hash): the request, frozen, and the session's progress (cycle counter,
-  status, owner and writer epoch, workers and their cache lengths, the γ policy's acceptance,
+  status, owner and writer epoch, workers and their cache lengths, the γ policy's own numbers,
   TTFT), in named fields (tandem.orchestrator.session has the codec);
 - `tandem:session:{id}:tokens` (string): the committed sequence, prompt first, as
   little-endian int32, only ever APPENDed;

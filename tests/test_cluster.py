@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 import tandem
 from tandem.math.params import SamplingParams
 from tandem.math.sampling import warp
-from tandem.orchestrator.policy import ACCEPTANCE
+from tandem.orchestrator.policy import SESSION_STATE
 from tandem.orchestrator.store import SessionStore
 
 from support.references import hf_greedy
@@ -184,7 +184,7 @@ def test_redis_holds_the_committed_tokens_of_a_finished_session(client, pair, re
     assert record.status == result.finish_reason
     assert record.cycle == result.stats.cycles
     assert record.request.params.seed == 7 and record.request.params.temperature == 0
-    assert set(record.acceptance) == set(ACCEPTANCE)  # the session's own: the costs are the replica's
+    assert set(record.acceptance) == set(SESSION_STATE)  # the session's own: the costs are the replica's
     assert len(record.per_cycle) == record.cycle and all(c.redis_ms > 0 for c in record.per_cycle)  # measured
     assert 0 < ttl <= 3600
 

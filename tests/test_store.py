@@ -29,7 +29,7 @@ REQUEST = Request(SamplingParams(temperature=0.5, top_k=3, top_p=0.9, seed=2**64
 
 def _state(**kwargs) -> dict:
     """A commit's progress fields (Session.progress)."""
-    return {"acceptance": json.dumps({"accepted": 1.0}), "draft_cache_len": 4, "target_cache_len": 5,
+    return {"acceptance": json.dumps({"probe_gap": 16}), "draft_cache_len": 4, "target_cache_len": 5,
             "draft_worker": "d:1", "target_worker": "t:2", "status": "running", "ttft_s": 0.25} | kwargs
 
 
@@ -54,7 +54,7 @@ def test_commits_append_tokens_and_stats_update_state_and_refresh_every_ttl(redi
     record, ttls, missing = asyncio.run(run())
     assert record.tokens == [5, 6, 7, 8, 9, 2**31 - 1] and record.request == REQUEST
     assert record.generated == [8, 9, 2**31 - 1]
-    assert (record.cycle, record.acceptance, record.status) == (2, {"accepted": 1.0}, "length")
+    assert (record.cycle, record.acceptance, record.status) == (2, {"probe_gap": 16}, "length")
     assert record.cache_lens == {"draft": 4, "target": 5}
     assert record.workers == {"draft": "d:1", "target": "t:2"} and record.ttft_s == 0.25
     assert record.per_cycle == [_cycle(1), _cycle(2)]
@@ -88,12 +88,12 @@ def test_a_record_from_before_named_fields_reads_as_it_was_written():
     """The layout before: JSON objects for the request, the policy, the workers and their cache lengths."""
     old = {"params": json.dumps({"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 9, "max_tokens": 32,
                                  "gamma": 3}),
-           "prompt_len": "2", "cycle": "4", "policy": json.dumps({"accepted": 2.0}), "status": "abandoned",
+           "prompt_len": "2", "cycle": "4", "policy": json.dumps({"probe_gap": 32}), "status": "abandoned",
            "workers": json.dumps({"draft": "d:1", "target": None}), "cache_lens": json.dumps({"draft": 5, "target": 0}),
            "owner": "", "epoch": "2", "created_s": "1.5", "ttft_s": "0.125"}
     record = SessionRecord.of("old", old, [1, 2, 3], [])
     assert record.request == Request(SamplingParams(1.0, 0, 1.0, 9), 2, 32, 3, "token", "chain", ())
-    assert (record.cycle, record.status, record.epoch, record.acceptance) == (4, "abandoned", 2, {"accepted": 2.0})
+    assert (record.cycle, record.status, record.epoch, record.acceptance) == (4, "abandoned", 2, {"probe_gap": 32})
     assert record.workers == {"draft": "d:1", "target": None} and record.cache_lens == {"draft": 5, "target": 0}
 
 
