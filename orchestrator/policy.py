@@ -47,20 +47,20 @@ cycle, it left the wait as it was, and every cycle after the first probe drafted
 Sessions that share passes probe together (Cohorts, below). α is learned along the accepted
 path, whatever the draft's shape (a token tree's is a path γ deep).
 
-γ = 0 teaches nothing of the draft, so an estimate that fell below what drafting needs would
-stand: an option that disappointed is not tried again, so its estimate is not corrected (the hot
-stove; Denrell and March 2001). So alone, γ = 0 wins only where it wins at an α `hope` standard
-errors higher (the replica's error on all the tokens it has verified), and where γ = 0 wins at the estimate alone, the cycle drafts what the
-hopeful α is worth: a young replica drafts on where its α is within its error of paying, and the
-hope fades as it learns the pair. Without it, alone across 20 ms, a fresh replica's first streams
-put its α at 0.39–0.43 on a few dozen verified tokens, where drafting broke even at 0.41, and
-sessions held γ = 0 for 7 to 33 cycles at a time (each probe that did not lift α far enough
-doubled the wait) where fixed γ = 6 served 1.45× γ = 0; with it, one streak of 6 cycles in two
-runs, and adaptive served 0.96× the best fixed γ paired over 4 rounds (0.94–0.95× before).
-Sessions that share passes choose at the estimate: their cohorts probe together on the
-replica's schedule (Cohorts, below), and with the n-gram on held-out code at 8 in flight, where
-the policy rates drafting within 2–5 % of γ = 0, hope had them draft at a mean γ of 0.3–0.8 and
-serve 0.88–0.93× γ = 0 (0.95× without).
+γ = 0 teaches nothing of the draft, so an estimate that fell below what drafting needs would stand:
+an option that disappointed is not tried again, so its estimate is not corrected (the hot stove;
+Denrell and March 2001). So alone, γ = 0 wins only where it wins at an α `hope` standard errors
+higher (the replica's error on all the tokens it has verified), and where γ = 0 wins at the
+estimate alone, the cycle drafts what the hopeful α is worth: a young replica drafts on where its α
+is within its error of paying, and the hope fades as it learns the pair. Without it, alone across
+20 ms, a fresh replica's first streams put its α at 0.39–0.43 on a few dozen verified tokens, where
+drafting broke even at 0.41, and sessions held γ = 0 for 7 to 33 cycles at a time (each probe that
+did not lift α far enough doubled the wait) where fixed γ = 6 served 1.45× γ = 0; with it, one
+streak of 6 cycles in two runs, and adaptive served 0.96× the best fixed γ paired over 4 rounds
+(0.94–0.95× before). Sessions that share passes choose at the estimate: their cohorts probe
+together on the replica's schedule (Cohorts, below), and with the n-gram on held-out code at 8 in
+flight, where the policy rates drafting within 2–5 % of γ = 0, hope had them draft at a mean γ of
+0.3–0.8 and serve 0.88–0.93× γ = 0 (0.95× without).
 
 Drafting ahead (tandem.orchestrator.cycle: alone, the draft worker drafts the next block while the
 target verifies this one) saves the next cycle's draft call when the verify ends as one of its
@@ -147,32 +147,31 @@ costs are measured.
 
 The opening. A stream's first drafted blocks are its hardest: on the shipped pair (greedy, the
 held-out prompts, 8 in flight) a block's first token was accepted 0.42 of the time in a stream's
-first block, 0.50 in its second and 0.72 from its sixth on, and teacher-forced, without a
-cluster, the draft's greedy token was the target's at 0.46–0.62 of a stream's first six tokens
-against 0.65 after (the text, not the cycle). So the replica's acceptance learns nothing from a
-stream's first `opening_blocks` blocks; drafting ahead's rates of right guesses count every
-block. A fresh replica's first cohort has every
-stream at its opening: learning from them, its α fell from the prior's 0.6 to 0.27–0.33, and
-γ = 0 then held those streams for 8 to 40 of their cycles (15–30 % of a 48-stream run's cycles at
-γ = 0 where fixed γ = 3 was best; 3–14 % now).
+first block, 0.50 in its second and 0.72 from its sixth on, and teacher-forced, without a cluster,
+the draft's greedy token was the target's at 0.46–0.62 of a stream's first six tokens against 0.65
+after (the text, not the cycle). So the replica's acceptance learns nothing from a stream's first
+`opening_blocks` blocks; drafting ahead's rates of right guesses count every block. A fresh
+replica's first cohort has every stream at its opening: learning from them, its α fell from the
+prior's 0.6 to 0.27–0.33, and γ = 0 then held those streams for 8 to 40 of their cycles (15–30 % of
+a 48-stream run's cycles at γ = 0 where fixed γ = 3 was best; 3–14 % now).
 
-Cohorts. Under load, sessions move together: those answered together run their cycles in one
-turn and send their next calls as one batched call (tandem.orchestrator.turns), which a draft
-worker answers once its longest block is drafted. A session's cycle then lasts as long as its
-cohort's, whatever its own γ: one that drafts less than the others gives up tokens without saving
-the time its share of the passes says it saves, and one at γ = 0 splits off into a verify pass
-of its own. Sessions that share the verifier's passes (more than SHARED_PASS sessions per pass), choosing
-with the replica's acceptance, choose the same γ: the one that maximizes the cohort's expected
-tokens over its time, as a batch-wide γ does (vLLM's fixed γ, SmartSpec's per-batch goodput).
-Choosing each with its own α, 8 sessions in flight on the test bed output 2.33 tokens per cycle
-at a mean γ of 3.06, against 2.53 at γ = 3 for all, in cycles as long. They probe together too (CohortProbes), on the replica's schedule rather than each on
-its own streak: a session that probes alone lags its cohort by a draft call and splits off into
-passes of its own. With n-gram drafts on held-out code (γ = 0 best) at 8 in flight, sessions
-probing alone held the verifier's passes at 6.3–6.7 sessions against γ = 0's 7.5–7.9 and served
-0.78–0.95× its tokens/s; probing together, 0.99×. A probe lasts the turn it began in: where the
-verifier drafts, a session chooses its next γ as it sends the verify that drafts it, before its
-probe's outcome is back, and a probe held due until then ran two rounds of the cohort (16
-drafting cycles at 8 in flight, 8 now).
+Cohorts. Under load, sessions move together: those answered together run their cycles in one turn
+and send their next calls as one batched call (tandem.orchestrator.turns), which a draft worker
+answers once its longest block is drafted. A session's cycle then lasts as long as its cohort's,
+whatever its own γ: one that drafts less than the others gives up tokens without saving the time
+its share of the passes says it saves, and one at γ = 0 splits off into a verify pass of its own.
+Sessions that share the verifier's passes (more than SHARED_PASS sessions per pass), choosing with
+the replica's acceptance, choose the same γ: the one that maximizes the cohort's expected tokens
+over its time, as a batch-wide γ does (vLLM's fixed γ, SmartSpec's per-batch goodput). Choosing
+each with its own α, 8 sessions in flight on the test bed output 2.33 tokens per cycle at a mean γ
+of 3.06, against 2.53 at γ = 3 for all, in cycles as long. They probe together too (CohortProbes),
+on the replica's schedule rather than each on its own streak: a session that probes alone lags its
+cohort by a draft call and splits off into passes of its own. With n-gram drafts on held-out code
+(γ = 0 best) at 8 in flight, sessions probing alone held the verifier's passes at 6.3–6.7 sessions
+against γ = 0's 7.5–7.9 and served 0.78–0.95× its tokens/s; probing together, 0.99×. A probe lasts
+the turn it began in: where the verifier drafts, a session chooses its next γ as it sends the
+verify that drafts it, before its probe's outcome is back, and a probe held due until then ran two
+rounds of the cohort (16 drafting cycles at 8 in flight, 8 now).
 
 Each arm at its own fill. A drafting cohort's round is a verify pass and a drafting one (a draft
 worker's, or the verifier's own head steps), and cohorts that reached the workers a pass apart
@@ -189,10 +188,11 @@ in γ too: sampled, every drafted token brings its distribution (the vocabulary'
 through the draft worker, the network, the orchestrator and the verifier. Learned as one number
 per call, they made long blocks look cheap at T = 1.
 
-Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries.
-So a replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's
-choice, and a session stores only what is its own (its probes' streak and wait, its shapes' rates, its
-blocks so far): a few numbers, not the fits. A new or resumed session chooses from what the replica has measured.
+Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries. So a
+replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's choice,
+and a session stores only what is its own (its probes' streak and wait, its shapes' rates, its
+blocks so far): a few numbers, not the fits. A new or resumed session chooses from what the replica
+has measured.
 
 Worker costs are learned from steady cycles only. A call that feeds a worker more committed
 tokens than a steady cycle does (the prompt's prefill, a re-prefill after a cache miss, the
@@ -418,7 +418,7 @@ class PairAcceptance:
     verifies its positions up to its first rejection, at most γ), how often drafting ahead
     guessed the bonus and the recovered token, and how many tokens it has verified in all."""
 
-    decay: float = 0.998  # per cycle observed: it pools every session's blocks, and follows the pair, not a text
+    decay: float = 0.998  # per block observed: it pools every session's, and follows the pair, not a text
     accepted: float = 0.0
     verified: float = 0.0
     seen: int = 0  # verified tokens, undecayed: how much the replica knows of the pair
@@ -705,7 +705,8 @@ class GammaPolicy:
         self.last_tree = c.tree
 
     def to_dict(self) -> dict:
-        """The session's own state, to store: its probes' streak and wait, its shapes' rates, its blocks."""
+        """The session's own state, to store: its probes' streak and wait, its shapes' rates, its
+        blocks."""
         return {name: getattr(self, name) for name in SESSION_STATE}
 
     def for_session(self, state: dict | None = None) -> "GammaPolicy":
