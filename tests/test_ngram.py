@@ -144,12 +144,12 @@ def test_a_lookup_that_finds_nothing_is_a_probe_that_accepted_nothing(workers, r
         stop_processes([proc])
     assert tokens == hf_greedy(target_model, prompt, 40)
     assert all(c.gamma == 0 for c in s.stats.per_cycle)  # nothing was ever drafted
-    # The draft calls (decayed counts of blocks that reached their first position): the first
-    # cycles' (γ before the costs are measured), probes after 8 and 16 γ-0 cycles, and a call or
-    # two the cost model itself may choose while α falls (a lookup costs next to nothing; how
-    # many depends on the timings), not every cycle: that had been ~22 here.
+    # The draft calls (counts of blocks that reached their first position, fading 0.2 % a block):
+    # the first cycles' (γ before the costs are measured), probes after 8 and 16 γ-0 cycles, and
+    # the calls the cost model itself may choose while α falls (a lookup costs next to nothing;
+    # how many depends on the timings: 7–9 seen), not every cycle: that would be ~39 here.
     calls = s.policy.pair.reached[0] if s.policy.pair.reached else 0.0  # none: taught as γ-0 cycles
-    assert 1.5 < calls < 8 and s.policy.pair.passed[0] == 0
+    assert 1.5 < calls < 16 and s.policy.pair.passed[0] == 0
     assert s.policy.probe_gap >= 4 * s.policy.probe_every
 
 
