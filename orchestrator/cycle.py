@@ -16,7 +16,11 @@ sequence (its draws keyed as that call's would be: ProposeRequest.ahead), so the
 step sees the same proposal either way.
 Most guesses miss, so the loop drafts ahead only while its session is the only one in flight:
 with others, the draft worker is not idle, and wasted drafts would delay their blocks (measured:
-8 sessions in flight, 139 → 105 tokens/s).
+8 sessions in flight, 139 → 105 tokens/s). But for an adaptive session's first cycle, the
+target's prefill alone (γ = 0, for its first token): there the draft worker, which would
+otherwise prefill and draft the first block in a cycle of its own, does so meanwhile, once a
+stream. At 8 in flight on the test bed (48 streams of 64 tokens) that cycle had cost adaptive a
+round trip a stream: 0.93× fixed γ = 8's tokens/s across 20 ms, 1.02× drafting ahead there.
 
 Each session sticks to one worker of each pool (`WorkerPool.route`). A worker call that fails
 (UNAVAILABLE, a deadline, a reset stream) moves the session to another worker of that pool,
@@ -172,13 +176,21 @@ class SpeculativeLoop:
         """Whether the loop drafts ahead during a session's verify of a chain: while it is alone."""
         return self.draft_ahead and self.in_flight == 1
 
+    def _drafts_ahead(self, s: Session, call: "_FirstCall", branched: bool) -> bool:
+        """Whether this cycle drafts ahead during its verify: a chain's while the session is alone,
+        and an adaptive session's first cycle (its prefill, γ = 0) at any load: there the draft
+        worker prefills and drafts the first block meanwhile, where it would otherwise do so in a
+        cycle of its own after the first token (the module's docstring)."""
+        if branched or not self.draft_ahead:
+            return False
+        return self.in_flight == 1 or (not call.gamma and s.generated == 0 and s.request.gamma is None)
+
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
         request still wants, and 0 while no draft worker is available. An adaptive session's
         first token comes from the target's prefill alone: a block drafted before it would make
         the caller wait for the draft's prefill and γ steps too (queued behind every other
-        session's at load). Alone, the draft prefills meanwhile, drafting ahead; else with its
-        first block in the next cycle."""
+        session's at load). The draft prefills meanwhile, drafting ahead (`_drafts_ahead`)."""
         if not (self.verifier_drafts or self.drafts.available()) or (s.request.gamma is None and generated == 0):
             return 0
         wanted = s.request.gamma
@@ -207,7 +219,7 @@ class SpeculativeLoop:
         branched = bool(proposal and proposal.parents)  # a token tree (the drafter may answer a chain)
         # 3. Verify the block in one target pass; meanwhile the draft worker drafts ahead.
         # (alone: the draft worker would otherwise idle through the verify)
-        ahead = self._draft_ahead(s, proposal, here, call.holds_block) if not branched and self._ahead() else None
+        ahead = self._draft_ahead(s, proposal, here, call.holds_block) if self._drafts_ahead(s, call, branched) else None
         try:
             verify = await self._verify(s, proposal, here, *self._next_shape(s)) if call.gamma else await call.task
         except BaseException:

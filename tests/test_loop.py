@@ -3,9 +3,10 @@
 import asyncio
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from tandem.math.params import SamplingParams
-from tandem.orchestrator.policy import GammaPolicy
+from tandem.orchestrator.policy import CycleCosts, GammaPolicy
 
 from support.loops import generate, open_session, release, running_loop
 from support.references import hf_greedy
@@ -175,6 +176,50 @@ def test_no_drafting_ahead_while_another_session_is_in_flight(workers, redis_url
     assert b_tokens == a.tokens[a.request.prompt_len:]  # same prompt, greedy: same tokens
 
 
+def test_an_adaptive_sessions_first_cycle_drafts_ahead_at_any_load(workers, redis_url, pair, target_model):
+    """An adaptive session's first cycle is the target's prefill alone (γ = 0); the draft worker
+    prefills and drafts the first block meanwhile, with others in flight too, where it would
+    otherwise do so in a cycle of its own. Its later cycles do not draft ahead while another
+    session is in flight, and the tokens are the target's."""
+    draft_model = AutoModelForCausalLM.from_pretrained(pair["draft"]).eval()
+    replica = GammaPolicy()  # a replica that has measured a cheap draft that is always right
+    for gamma in (1, 2, 3, 4, 6):
+        replica.observe(CycleCosts(gamma=gamma, accepted=gamma, draft_cost_ms=0.2 * gamma, draft_call_ms=0.3,
+                                   verify_cost_ms=10 + 0.5 * (gamma + 1), verify_call_ms=0.3, overhead_ms=0.5))
+
+    async def run(i: int, prompt: list[int], draft_ahead: bool):
+        async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],),
+                                draft_ahead=draft_ahead) as loop:
+            sessions = []
+            for name in ("first-a", "first-b"):
+                s = await open_session(loop, f"{name}-{i}-{draft_ahead}", prompt, SamplingParams(temperature=0.0),
+                                       24, None)
+                s.policy = replica.for_session()
+                sessions.append(s)
+            first = loop.run(sessions[0])
+            await anext(first)  # session a is in flight (paused between cycles) while b runs
+            b = await generate(loop, sessions[1])
+            await first.aclose()
+            for s in sessions:
+                await release(loop, s)
+            return sessions[1], b
+
+    hits = 0
+    for i, prompt in enumerate(pair["prompts"][3:6]):
+        expected = hf_greedy(target_model, prompt, 24)
+        guessed = hf_greedy(draft_model, prompt, 1) == expected[:1]  # the draft's guess of the first token
+        for draft_ahead in (True, False):
+            b, tokens = asyncio.run(run(i, prompt, draft_ahead))
+            cycles = b.stats.per_cycle
+            assert tokens == expected
+            assert cycles[0].gamma == 0 and (cycles[0].ahead_ms > 0) == draft_ahead
+            assert not any(c.ahead_ms for c in cycles[1:])
+            # The block drafted ahead stands in for the second cycle's draft call when it guessed right.
+            assert cycles[1].drafted_ahead == (draft_ahead and guessed)
+            hits += cycles[1].drafted_ahead
+    assert hits > 0
+
+
 def test_a_session_whose_record_says_the_workers_hold_everything_still_runs(workers, redis_url, pair, target_model):
     """After a drafted-ahead hit the record says the draft worker holds every committed token;
     a session resumed from it has no block in hand, so its first call must still feed a token."""
@@ -216,7 +261,7 @@ def test_two_writers_of_one_session_on_one_replica_do_not_disturb_each_other(wor
     writer's cleanup must not end the second's calls (their rows may share a batched call). The
     first is fenced at its next commit; the second writes the session to its end."""
     from tandem.orchestrator.session import Session
-    from tandem.orchestrator.policy import GammaPolicy
+    from tandem.orchestrator.policy import CycleCosts, GammaPolicy
     from tandem.orchestrator.store import Fenced
 
     prompt = pair["prompts"][0]
@@ -249,7 +294,7 @@ def test_a_writer_whose_calls_come_after_a_later_writers_stops_at_its_call(worke
     commit would stop it ("taken over"), before touching the caches; the second writer's
     generation stays the target's own."""
     from tandem.orchestrator.session import Session
-    from tandem.orchestrator.policy import GammaPolicy
+    from tandem.orchestrator.policy import CycleCosts, GammaPolicy
     from tandem.orchestrator.store import Fenced
 
     prompt = pair["prompts"][1]
