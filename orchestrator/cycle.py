@@ -20,7 +20,8 @@ with others, the draft worker is not idle, and wasted drafts would delay their b
 target's prefill alone (γ = 0, for its first token): there the draft worker, which would
 otherwise prefill and draft the first block in a cycle of its own, does so meanwhile, once a
 stream. At 8 in flight on the test bed (48 streams of 64 tokens) that cycle had cost adaptive a
-round trip a stream: 0.93× fixed γ = 8's tokens/s across 20 ms, 1.02× drafting ahead there.
+round trip a stream: 0.93× fixed γ = 8's tokens/s across 20 ms; drafting ahead there, 1.00× in
+quick runs and 0.95× over a whole sweep (benchmarks/README.md).
 
 Each session sticks to one worker of each pool (`WorkerPool.route`). A worker call that fails
 (UNAVAILABLE, a deadline, a reset stream) moves the session to another worker of that pool,
@@ -178,12 +179,12 @@ class SpeculativeLoop:
 
     def _drafts_ahead(self, s: Session, call: "_FirstCall", branched: bool) -> bool:
         """Whether this cycle drafts ahead during its verify: a chain's while the session is alone,
-        and an adaptive session's first cycle (its prefill, γ = 0) at any load: there the draft
-        worker prefills and drafts the first block meanwhile, where it would otherwise do so in a
-        cycle of its own after the first token (the module's docstring)."""
+        and a γ-0 first cycle (an adaptive session's prefill) at any load: there the draft worker
+        prefills and drafts the first block meanwhile, where it would otherwise do so in a cycle
+        of its own after the first token (the module's docstring)."""
         if branched or not self.draft_ahead:
             return False
-        return self.in_flight == 1 or (not call.gamma and s.generated == 0 and s.request.gamma is None)
+        return self.in_flight == 1 or (not call.gamma and s.generated == 0)
 
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the
