@@ -261,7 +261,7 @@ def test_two_writers_of_one_session_on_one_replica_do_not_disturb_each_other(wor
     writer's cleanup must not end the second's calls (their rows may share a batched call). The
     first is fenced at its next commit; the second writes the session to its end."""
     from tandem.orchestrator.session import Session
-    from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+    from tandem.orchestrator.policy import GammaPolicy
     from tandem.orchestrator.store import Fenced
 
     prompt = pair["prompts"][0]
@@ -294,7 +294,7 @@ def test_a_writer_whose_calls_come_after_a_later_writers_stops_at_its_call(worke
     commit would stop it ("taken over"), before touching the caches; the second writer's
     generation stays the target's own."""
     from tandem.orchestrator.session import Session
-    from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+    from tandem.orchestrator.policy import GammaPolicy
     from tandem.orchestrator.store import Fenced
 
     prompt = pair["prompts"][1]
