@@ -182,9 +182,9 @@ class SpeculativeLoop:
         and a γ-0 first cycle (an adaptive session's prefill) at any load: there the draft worker
         prefills and drafts the first block meanwhile, where it would otherwise do so in a cycle
         of its own after the first token (the module's docstring)."""
-        if branched or not self.draft_ahead:
+        if branched:
             return False
-        return self.in_flight == 1 or (not call.gamma and s.generated == 0)
+        return self._ahead() or (self.draft_ahead and not call.gamma and s.generated == 0)
 
     def _gamma(self, s: Session, generated: int) -> int:
         """γ for a cycle that starts after `generated` tokens: never drafting past what the

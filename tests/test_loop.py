@@ -6,9 +6,10 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from tandem.math.params import SamplingParams
-from tandem.orchestrator.policy import CycleCosts, GammaPolicy
+from tandem.orchestrator.policy import GammaPolicy
 
 from support.loops import generate, open_session, release, running_loop
+from support.policies import cheap_good_cycle
 from support.references import hf_greedy
 
 
@@ -184,8 +185,7 @@ def test_an_adaptive_sessions_first_cycle_drafts_ahead_at_any_load(workers, redi
     draft_model = AutoModelForCausalLM.from_pretrained(pair["draft"]).eval()
     replica = GammaPolicy()  # a replica that has measured a cheap draft that is always right
     for gamma in (1, 2, 3, 4, 6):
-        replica.observe(CycleCosts(gamma=gamma, accepted=gamma, draft_cost_ms=0.2 * gamma, draft_call_ms=0.3,
-                                   verify_cost_ms=10 + 0.5 * (gamma + 1), verify_call_ms=0.3, overhead_ms=0.5))
+        replica.observe(cheap_good_cycle(gamma))
 
     async def run(i: int, prompt: list[int], draft_ahead: bool):
         async with running_loop([workers["draft"]], [workers["target"]], redis_url, (pair["eos"],),

@@ -13,6 +13,8 @@ from tandem.orchestrator.policy import (MAX_PROBE_GAP, SESSION_STATE, CohortProb
                                         PairAcceptance, closed_loop_ms)
 from tandem.wire.worker import Batching
 
+from support.policies import cheap_good_cycle
+
 ALPHAS = [0.0, 0.1, 0.3, 0.5, 0.6, 0.75, 0.8, 0.9, 0.95, 0.99]
 
 
@@ -67,12 +69,6 @@ def test_best_gamma_known_values():
 
 
 # --- GammaPolicy -----------------------------------------------------------------------------
-
-
-def cheap_good_cycle(gamma: int) -> CycleCosts:
-    """A cheap draft that is always right: verify costs 10 + 0.5 per token verified."""
-    return CycleCosts(gamma=gamma, accepted=gamma, draft_cost_ms=0.2 * gamma, draft_call_ms=0.3,
-                      verify_cost_ms=10 + 0.5 * (gamma + 1), verify_call_ms=0.3, overhead_ms=0.5)
 
 
 def costly_bad_cycle(gamma: int) -> CycleCosts:
