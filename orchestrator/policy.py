@@ -173,6 +173,21 @@ the turn it began in: where the verifier drafts, a session chooses its next γ a
 verify that drafts it, before its probe's outcome is back, and a probe held due until then ran two
 rounds of the cohort (16 drafting cycles at 8 in flight, 8 now).
 
+The cohorts' γ: the shortest within the best's error, kept. Around its best a cohort's S(γ) is
+flat: on the test bed at 8 in flight, fixed γ = 2 to 6 served within 3–5 % of each other at 0–5
+ms, while the replica's E[tokens | γ] moved 3–5 % between snapshots of one run, most at long γ,
+whose far positions the fewest blocks reach. Its best γ was then the one whose estimate came out
+highest (the optimizer's curse; Smith and Winkler 2006): the cohorts drafted a mean γ of 4.6–6.9
+where 3–4 was best, and their γ moved from round to round. So sessions that share passes draft
+the shortest block whose S is within one standard error of the best's (the one-standard-error
+rule; Breiman et al. 1984), E's error carried from each position's acceptance, a binomial share
+of the blocks that reached it (`GammaPolicy.expected_error`: some 2–4 % of E at γ 4–8 on a run's
+blocks), and keep that γ while its S stays within the error (`CohortProbes.gamma`). Over the
+test bed's loaded sweep adaptive went from 0.93–0.99× the best fixed γ (3 of 8 points within 5 %,
+their mean 0.956×) to 0.92–1.03× (6 of 8, mean 0.975×); at 20 ms, where S still climbs at γ 6–8,
+the rule drafts a little short (greedy 0.94×, its mean γ 6.4 where γ = 8 is best). Alone a
+session drafts the best: its γ splits no cohort.
+
 Each arm at its own fill. A drafting cohort's round is a verify pass and a drafting one (a draft
 worker's, or the verifier's own head steps), and cohorts that reached the workers a pass apart
 stay apart; at γ = 0 a round is one verify call a session, and the cohorts' verifies line up in
@@ -450,6 +465,11 @@ class PairAcceptance:
             self.reached[j] = d * self.reached[j] + (j < gamma and j <= accepted)
             self.passed[j] = d * self.passed[j] + (j < accepted)
 
+    def position_weights(self, top: int) -> list[float]:
+        """Per position 1 … top, the blocks behind its acceptance (those that reached it, and
+        POSITION_WEIGHT for the pair's overall)."""
+        return [(self.reached[j] if j < len(self.reached) else 0.0) + POSITION_WEIGHT for j in range(top)]
+
     def by_position(self, alpha: float, top: int) -> list[float]:
         """a_1 … a_top: each position's acceptance, on `alpha` (the pair's overall) worth
         POSITION_WEIGHT blocks, so that a position few blocks reached stays near it."""
@@ -482,6 +502,7 @@ class CohortProbes:
     cycle_ms: float = -1.0  # the replica's steady cycles' wall time, decayed mean (-1: none yet)
     decay: float = 0.9
     steady: int = 0  # the replica's steady cycles so far
+    gamma: int = 0  # the cohorts' drafting γ (GammaPolicy._cohort_gamma; 0: none yet)
 
     def due(self) -> bool:
         now = self.clock()
@@ -584,6 +605,21 @@ class GammaPolicy:
         """E[tokens | γ] for γ = 0 … top: the bonus or recovered token and the accepted ones."""
         return list(accumulate(self.survival(top)))
 
+    def expected_error(self, top: int) -> list[float]:
+        """The standard error of E[tokens | γ] for γ = 0 … top, as a share of it: each position's
+        acceptance a binomial share of the blocks behind it, carried through the survival
+        products (the delta method)."""
+        alphas = self.pair.by_position(self.pair_alpha, top)
+        weights = self.pair.position_weights(top)
+        survival = self.survival(top)
+        errors = [0.0]
+        for gamma in range(1, top + 1):
+            tail = list(accumulate(reversed(survival[1:gamma + 1])))[::-1]  # tail[j]: Σ_{i > j} s_i
+            variance = sum((tail[j] / a) ** 2 * a * (1.0 - a) / w
+                           for j, (a, w) in enumerate(zip(alphas[:gamma], weights)))
+            errors.append(math.sqrt(variance) / sum(survival[:gamma + 1]))
+        return errors
+
     def ahead_rates(self, survival: list[float]) -> list[float]:
         """Per γ ≤ top (survival: self.survival(top)), the probability that a drafting cycle finds
         its block drafted ahead: the last block fully accepted (survival[γ]) and its bonus guessed,
@@ -622,14 +658,29 @@ class GammaPolicy:
         return gamma
 
     def _choice(self, top: int, ahead: bool, sessions: int) -> tuple[list[float], int]:
-        """(the rates at the estimated α, the γ to draft): their best γ; where that is 0 and the
+        """(the rates at the estimated α, the γ to draft): their best γ, and where sessions share
+        passes and drafting wins, the cohorts' γ (_cohort_gamma); where the best is 0 and the
         session does not share passes, the best at the hopeful α (γ = 0 teaches nothing of the
         draft: the module's docstring)."""
         rates = self.rates(top, ahead, sessions)
         gamma = _best(rates)
+        if gamma and self.costs.shared:
+            return rates, self._cohort_gamma(rates, gamma, top)
         if gamma or not top or self.costs.shared:
             return rates, gamma
         return rates, _best(self.rates(top, ahead, sessions, hopeful=True))
+
+    def _cohort_gamma(self, rates: list[float], best: int, top: int) -> int:
+        """The drafting γ of sessions that share passes: the cohorts' last one while its S is
+        within a standard error of the best's, else the shortest block that is (the module's
+        docstring, The cohorts' γ)."""
+        floor = rates[best] * (1.0 - self.expected_error(best)[best])
+        held = self.probes.gamma
+        if not (0 < held <= top and rates[held] >= floor):
+            held = next(g for g in range(1, best + 1) if rates[g] >= floor)
+        if top == self.max_gamma:  # a block cut to the tokens left is not the cohorts' choice
+            self.probes.gamma = held
+        return held
 
     def _first_gamma(self, sessions: int) -> int:
         """γ before a cycle can be priced: alone, initial_gamma; with others in flight, γ = 0 for

@@ -552,6 +552,37 @@ def test_sessions_that_share_passes_draft_one_gamma_as_a_cohort():
     assert followed.costs.shared and followed.choose() == lost.choose() == replica.for_session().choose() > 0
 
 
+def test_a_cohort_drafts_the_shortest_block_within_the_best_ones_error_and_keeps_it():
+    """On a flat S curve the best γ is the one whose estimate came out highest, and a long block's
+    E rests on the fewest blocks (the policy's docstring, Cohorts): a cohort drafts the shortest
+    block whose S is within a standard error of the best's, and keeps its γ while that γ is
+    within it. Known well, or alone, the best."""
+    def taught(sessions: int, cycles: int) -> GammaPolicy:
+        replica = GammaPolicy(opening_blocks=0)
+        for g in [3, 6] * cycles:
+            replica.for_session().observe(replace(loaded_cycle(g, sessions), accepted=g))
+        return replica
+    young = taught(8, 5)
+    rates, error = young.rates(8, sessions=8), young.expected_error(8)
+    best, chosen = _best_of(rates), young.choose(sessions=8)
+    floor = rates[best] * (1.0 - error[best])
+    assert young.costs.shared and 0 < chosen < best
+    assert rates[chosen] >= floor > max(rates[1:chosen])
+    assert 0.0 < error[1] < error[4] < error[8] < 0.1
+    young.probes.gamma = best  # held while within the error, whichever it is
+    assert young.choose(sessions=8) == best
+    young.probes.gamma = 1  # below it: the shortest within
+    assert rates[1] < floor and young.choose(sessions=8) == chosen
+    known = taught(8, 40)
+    assert known.choose(sessions=8) == _best_of(known.rates(8, sessions=8))
+    alone = taught(1, 5)
+    assert not alone.costs.shared and alone.choose() == _best_of(alone.rates(8))
+
+
+def _best_of(rates: list[float]) -> int:
+    return max(range(len(rates)), key=lambda g: (rates[g], -g))
+
+
 def lost_cycle(gamma: int) -> CycleCosts:
     """A cycle in passes of 8 sessions, 20 ms of wall time, its draft rejected at its first token."""
     return replace(loaded_cycle(gamma, 8), accepted=0, wall_ms=20.0)
