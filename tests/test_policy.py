@@ -554,7 +554,7 @@ def test_sessions_that_share_passes_draft_one_gamma_as_a_cohort():
 
 def test_a_cohort_drafts_the_shortest_block_within_the_best_ones_error_and_keeps_it():
     """On a flat S curve the best γ is the one whose estimate came out highest, and a long block's
-    E rests on the fewest blocks (the policy's docstring, Cohorts): a cohort drafts the shortest
+    E rests on the fewest blocks (the policy's docstring, The cohorts' γ): a cohort drafts the shortest
     block whose S is within a standard error of the best's, and keeps its γ while that γ is
     within it. Known well, or alone, the best."""
     def taught(sessions: int, cycles: int) -> GammaPolicy:
@@ -564,7 +564,7 @@ def test_a_cohort_drafts_the_shortest_block_within_the_best_ones_error_and_keeps
         return replica
     young = taught(8, 5)
     rates, error = young.rates(8, sessions=8), young.expected_error(8)
-    best, chosen = _best_of(rates), young.choose(sessions=8)
+    best, chosen = rates.index(max(rates)), young.choose(sessions=8)  # the smallest on a tie
     floor = rates[best] * (1.0 - error[best])
     assert young.costs.shared and 0 < chosen < best
     assert rates[chosen] >= floor > max(rates[1:chosen])
@@ -574,13 +574,11 @@ def test_a_cohort_drafts_the_shortest_block_within_the_best_ones_error_and_keeps
     young.probes.gamma = 1  # below it: the shortest within
     assert rates[1] < floor and young.choose(sessions=8) == chosen
     known = taught(8, 40)
-    assert known.choose(sessions=8) == _best_of(known.rates(8, sessions=8))
+    known_rates = known.rates(8, sessions=8)
+    assert known.choose(sessions=8) == known_rates.index(max(known_rates))
     alone = taught(1, 5)
-    assert not alone.costs.shared and alone.choose() == _best_of(alone.rates(8))
-
-
-def _best_of(rates: list[float]) -> int:
-    return max(range(len(rates)), key=lambda g: (rates[g], -g))
+    alone_rates = alone.rates(8)
+    assert not alone.costs.shared and alone.choose() == alone_rates.index(max(alone_rates))
 
 
 def lost_cycle(gamma: int) -> CycleCosts:
