@@ -605,20 +605,16 @@ class GammaPolicy:
         """E[tokens | γ] for γ = 0 … top: the bonus or recovered token and the accepted ones."""
         return list(accumulate(self.survival(top)))
 
-    def expected_error(self, top: int) -> list[float]:
-        """The standard error of E[tokens | γ] for γ = 0 … top, as a share of it: each position's
-        acceptance a binomial share of the blocks behind it, carried through the survival
-        products (the delta method)."""
-        alphas = self.pair.by_position(self.pair_alpha, top)
-        weights = self.pair.position_weights(top)
-        survival = self.survival(top)
-        errors = [0.0]
-        for gamma in range(1, top + 1):
-            tail = list(accumulate(reversed(survival[1:gamma + 1])))[::-1]  # tail[j]: Σ_{i > j} s_i
-            variance = sum((tail[j] / a) ** 2 * a * (1.0 - a) / w
-                           for j, (a, w) in enumerate(zip(alphas[:gamma], weights)))
-            errors.append(math.sqrt(variance) / sum(survival[:gamma + 1]))
-        return errors
+    def expected_error(self, gamma: int) -> float:
+        """The standard error of E[tokens | γ], as a share of it: each position's acceptance a
+        binomial share of the blocks behind it, carried through the survival products (the
+        delta method: ∂E/∂a_j = Σ_{i ≥ j} s_i / a_j)."""
+        alphas = self.pair.by_position(self.pair_alpha, gamma)
+        weights = self.pair.position_weights(gamma)
+        survival = self.survival(gamma)
+        tails = list(accumulate(reversed(survival[1:])))[::-1]  # tails[j]: Σ_{i > j} s_i
+        variance = sum(t * t * (1.0 - a) / (a * w) for t, a, w in zip(tails, alphas, weights))
+        return math.sqrt(variance) / sum(survival)
 
     def ahead_rates(self, survival: list[float]) -> list[float]:
         """Per γ ≤ top (survival: self.survival(top)), the probability that a drafting cycle finds
@@ -664,9 +660,9 @@ class GammaPolicy:
         draft: the module's docstring)."""
         rates = self.rates(top, ahead, sessions)
         gamma = _best(rates)
-        if gamma and self.costs.shared:
-            return rates, self._cohort_gamma(rates, gamma, top)
-        if gamma or not top or self.costs.shared:
+        if self.costs.shared:
+            return rates, gamma and self._cohort_gamma(rates, gamma, top)
+        if gamma or not top:
             return rates, gamma
         return rates, _best(self.rates(top, ahead, sessions, hopeful=True))
 
@@ -674,7 +670,7 @@ class GammaPolicy:
         """The drafting γ of sessions that share passes: the cohorts' last one while its S is
         within a standard error of the best's, else the shortest block that is (the module's
         docstring, The cohorts' γ)."""
-        floor = rates[best] * (1.0 - self.expected_error(best)[best])
+        floor = rates[best] * (1.0 - self.expected_error(best))
         held = self.probes.gamma
         if not (0 < held <= top and rates[held] >= floor):
             held = next(g for g in range(1, best + 1) if rates[g] >= floor)

@@ -563,12 +563,12 @@ def test_a_cohort_drafts_the_shortest_block_within_the_best_ones_error_and_keeps
             replica.for_session().observe(replace(loaded_cycle(g, sessions), accepted=g))
         return replica
     young = taught(8, 5)
-    rates, error = young.rates(8, sessions=8), young.expected_error(8)
+    rates, error = young.rates(8, sessions=8), [young.expected_error(g) for g in range(9)]
     best, chosen = rates.index(max(rates)), young.choose(sessions=8)  # the smallest on a tie
     floor = rates[best] * (1.0 - error[best])
     assert young.costs.shared and 0 < chosen < best
     assert rates[chosen] >= floor > max(rates[1:chosen])
-    assert 0.0 < error[1] < error[4] < error[8] < 0.1
+    assert error[0] == 0.0 < error[1] < error[4] < error[8] < 0.1
     young.probes.gamma = best  # held while within the error, whichever it is
     assert young.choose(sessions=8) == best
     young.probes.gamma = 1  # below it: the shortest within
