@@ -89,6 +89,9 @@ class GenerationService:
                                     verifier_drafts=bool(target_info.drafter), ahead_guesses=self.config.ahead_guesses,
                                     ahead_rejections=self.config.ahead_rejections)
         self._policy.costs.drafts_on_verifier = self.loop.verifier_drafts
+        # How each pool's passes bend with their tokens, as its first worker timed them (none yet for
+        # a draft pool without a worker, nor for a verifier's own drafting).
+        self._policy.costs.timed(target_info.pass_ms, {} if draft_info is target_info else draft_info.pass_ms)
         self.model = Path(target_info.model).name  # gen_ai.request.model and the OpenAI API's model id
         metrics.serve_model(self.model)
         drafter = f"{target_info.drafter} {target_info.draft_model} in the verifier" if target_info.drafter else \

@@ -79,8 +79,9 @@ trying the other one every `probe_every` cycles so that its measure stays curren
 prefill a worker do not count.
 
 The load. The workers batch: one forward pass runs the steps of every session waiting for it,
-and costs about intercept + slope · (its tokens, all sessions'). The workers say, per call, which
-passes it ran in (tandem.wire.worker.Batching); the policy fits that line per worker, and
+and costs about intercept + slope · (its tokens, all sessions'), or what the worker's timed curve
+says (The passes' shape, below). The workers say, per call, which passes it ran in
+(tandem.wire.worker.Batching); the policy fits that line per worker, and
 charges the session its share of a pass: intercept / (sessions in the pass) + slope · (its own
 tokens), so that the shares of a pass sum to the pass. A cycle's work so falls on three
 stations, each of which runs one thing at a time (`PoolCosts.stations`):
@@ -203,6 +204,24 @@ in γ too: sampled, every drafted token brings its distribution (the vocabulary'
 through the draft worker, the network, the orchestrator and the verifier. Learned as one number
 per call, they made long blocks look cheap at T = 1.
 
+The passes' shape. A line in tokens fits a loaded pass (24–72 tokens at 8 in flight on the test
+bed, where the shipped target's passes grow about 0.27 ms a token) but not a lone session's: on a
+CPU a pass's cost per token falls as it grows (the shipped target timed alone: 5.0, 6.3, 7.2, 8.2
+and 9.0 ms for 1–5 tokens, 10.2 for 9, 11.5 for 16), and fitted over the 3–4-token passes of a
+session drafting γ 2–3, the line's slope (1.0–2.3 ms a token, traced) priced γ = 8's pass 3–9 ms
+above its cost. So each worker times its pass at a ladder of token counts when it loads
+(tandem.services.pass_curve, ModelInfo.pass_ms), and the policy prices a pass along that curve,
+moved to the level its live passes run at (their mean excess over it: `PassCost`); where a
+worker timed none (an n-gram lookup) the line stands. And the lines of a call's costs in γ are
+fitted over the γs the sessions drafted, a narrow range alone, where their slopes are mostly
+noise, and noise clamped at zero from below only ever raises a slope: a replica's orchestrator
+CPU, flat in γ greedy, was fitted at 0.75 ms a γ over γ 1–2. So their slopes are shrunk by their
+own error (positive-part James–Stein: `LinearFit.line(shrunk=True)`). Traced alone at 0 ms
+greedy, the policy's cycle grew 2.6 ms a γ from γ = 2 to 4 where fixed γ's cycles grew 1.35 ms;
+with both, 1.8–1.9. Over six rounds alone, greedy, adaptive served 0.95× and 0.98× the best fixed
+γ at 1 and 5 ms (mean γ 3.1–3.6 and 4.1–5.6, where γ = 3 and 6 are best), against 0.93× and 0.94×
+before (mean γ 1.8–2.9 and 2.4–4.4).
+
 Costs are the pools', not the session's: a pass costs what it costs whoever's rows it carries. So a
 replica keeps one `PoolCosts`, fed by every session's cycles and read by every session's choice,
 and a session stores only what is its own (its probes' streak and wait, its shapes' rates, its
@@ -232,7 +251,7 @@ from functools import cache, partial
 from itertools import accumulate
 
 from tandem.math.acceptance import verified_tokens
-from tandem.math.fit import LinearFit
+from tandem.math.fit import LinearFit, PassCost, PassCurve
 from tandem.wire.worker import Batching
 
 # Committed tokens a steady cycle feeds: the draft gets the recovered or bonus token, and the
@@ -300,8 +319,8 @@ class PoolCosts:
     # cycles_ms's last answer without drafting ahead: ((top, sessions), seen then, the cycles).
     memo: tuple | None = field(default=None, init=False, repr=False, compare=False)
     # Each worker's cost of one pass against the tokens it ran (every session's).
-    draft_pass: LinearFit = field(default_factory=LinearFit)
-    verify_pass: LinearFit = field(default_factory=LinearFit)
+    draft_pass: PassCost = field(default_factory=PassCost)
+    verify_pass: PassCost = field(default_factory=PassCost)
     # A call's costs besides its passes, against γ (the module's docstring): sampled, they grow
     # with the drafted tokens' distributions.
     draft_call: LinearFit = field(default_factory=LinearFit)  # the draft worker's CPU (handling_ms)
@@ -330,13 +349,13 @@ class PoolCosts:
 
     def draft_ms_per_token(self) -> float:
         """A session's share of one draft step."""
-        intercept, slope = self.draft_pass.line()
-        return intercept / max(self.draft_sessions, 1.0) + slope
+        sessions = max(self.draft_sessions, 1.0)
+        return self.draft_pass.at(sessions) / sessions
 
     def verify_ms(self, gamma: int, sessions: int | None = None) -> float:
         """A session's share of the verify pass of a γ-token block (sessions: as for fill)."""
-        intercept, slope = self.verify_pass.line()
-        return intercept / self.fill(gamma, sessions) + slope * (gamma + 1)
+        fill = self.fill(gamma, sessions)
+        return self.verify_pass.at(fill * (gamma + 1)) / fill
 
     def fill(self, gamma: int, sessions: int | None = None) -> float:
         """The sessions a verify pass of a γ cycle is shared by: as measured, or at γ = 0 where
@@ -395,7 +414,12 @@ class PoolCosts:
             think[g] += missed * draft_latency[g]
         return verifier, drafter, replica, think
 
-    def draft_fits(self) -> tuple[LinearFit, ...]:
+    def timed(self, verify: dict[int, float], draft: dict[int, float]) -> None:
+        """The workers' pass curves as they timed them when they loaded (ModelInfo.pass_ms; {}: none):
+        their passes are priced along them (PassCost)."""
+        self.verify_pass.curve, self.draft_pass.curve = PassCurve.of(verify), PassCurve.of(draft)
+
+    def draft_fits(self) -> tuple[LinearFit | PassCost, ...]:
         """The estimates only a draft call teaches: they fade while the draft does not draft."""
         return (self.draft_fill, self.draft_pass, self.draft_call, self.draft_overhead, self.draft_latency)
 
@@ -776,7 +800,7 @@ def _ewma(old: float, new: float, decay: float) -> float:
 
 def _along(fit: LinearFit, top: int) -> list[float]:
     """The fit's line at 0, 1, …, top, read once."""
-    intercept, slope = fit.line()
+    intercept, slope = fit.line(shrunk=True)
     return [intercept + slope * g for g in range(top + 1)]
 
 

@@ -423,7 +423,7 @@ def run_worker(
     memory.one_arena()  # before gRPC and torch start their threads
     import torch
 
-    from tandem.services import draft_worker, hybrid, ngram, target_verifier
+    from tandem.services import draft_worker, hybrid, ngram, pass_curve, target_verifier
 
     if threads:
         torch.set_num_threads(threads)
@@ -458,6 +458,9 @@ def run_worker(
             runtime = _in_target_ids(runtime, model_dir, target_tokenizer, kind)
         if kind == "hybrid":
             runtime = hybrid.HybridRuntime(lookup, runtime, max_tokens=max_cache_bytes // 8)
+    forward = getattr(runtime, "forward_pass", None)  # none for an n-gram lookup: each session alone, no model
+    if forward is not None:  # timed before it serves, so that nothing else runs meanwhile
+        runtime.info = replace(runtime.info, pass_ms=pass_curve.pass_ms(forward))
     if metrics_port:
         try:
             metrics.serve(metrics_port, runtime, host)
@@ -483,7 +486,6 @@ def run_worker(
         # One parseable line: launchers (tandem up, tests) read the port from it. batching=pass:
         # all sessions' steps share one forward pass; sequential: one pass each, in turn.
         # kv_bytes_per_token: what a session's token holds in the cache, against max_cache_bytes.
-        forward = getattr(runtime, "forward_pass", None)  # none for n-gram lookup: each session alone, no model
         batching = "pass" if forward and forward.batched else "sequential"
         print(f"tandem {kind} worker listening on {host}:{bound} model={info.model} "
               f"vocab={info.vocab_size} params={info.num_parameters} device={info.device} "

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from tandem.math.params import SamplingParams
 from tandem.services.hybrid import HybridRuntime, propose
 from tandem.services.ngram import Lookup
+from tandem.services.pass_curve import LADDER
 from tandem.services.runtime import ModelRuntime
 from tandem.v1 import worker_pb2, worker_pb2_grpc
 from tandem.wire import worker as wire
@@ -91,6 +92,7 @@ def test_the_hybrid_worker_is_a_draft_worker(hybrid_worker, pair, draft_model):
         info = wire.model_info_from_pb(stub.Describe(worker_pb2.DescribeRequest(), timeout=30))
         assert info.model.startswith("hybrid(ngram(n=2-4") and info.vocab_size == pair["vocab"]
         assert info.num_parameters == sum(p.numel() for p in draft_model.parameters())
+        assert sorted(info.pass_ms) == list(LADDER) and min(info.pass_ms.values()) > 0  # its model's passes, timed
 
         def call(session, cache_len, tokens, gamma, params=GREEDY):
             request = wire.propose_request(session, cache_len, tokens, gamma, params)

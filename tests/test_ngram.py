@@ -77,6 +77,7 @@ def test_the_ngram_worker_is_a_draft_worker(ngram_worker):
         stub = worker_pb2_grpc.DraftWorkerStub(channel)
         info = wire.model_info_from_pb(stub.Describe(worker_pb2.DescribeRequest(), timeout=30))
         assert info.num_parameters == 0 and info.model.startswith("ngram")
+        assert info.pass_ms == {}  # a lookup runs no pass to time
         seq = [5, 6, 7, 8, 9, 5, 6]
 
         def propose(session, cache_len, tokens, gamma, params=SamplingParams(temperature=0.0)):

@@ -199,7 +199,7 @@ def test_costs_are_learned_from_steady_cycles_only():
     catch_up = replace(cheap_good_cycle(1), draft_cost_ms=9.0, draft_fed=8)  # after 7 γ-0 cycles
     policy.observe(catch_up)
     assert asdict(policy.costs.draft_pass) == before["draft_pass"]
-    assert policy.costs.verify_pass.n > before["verify_pass"]["n"]  # the verifier's call was steady
+    assert policy.costs.verify_pass.n > before["verify_pass"]["fit"]["n"]  # the verifier's call was steady
     assert policy.pair.accepted == pytest.approx(policy.pair.decay * accepted + 1)  # acceptance counts
     per_token = policy.costs.draft_ms_per_token()
     policy.observe(replace(cheap_good_cycle(2), draft_cost_ms=2.0, draft_fed=2))  # a full accept: steady
@@ -353,6 +353,33 @@ def test_verify_cost_fit_is_never_negative_or_decreasing():
     for _ in range(5):
         flat.observe(CycleCosts(4, 0, 1.0, 0.0, 7.0, 0.0, 0.0))
     assert flat.costs.verify_ms(0) == pytest.approx(7.0) and flat.costs.verify_ms(8) == pytest.approx(7.0)
+
+
+def test_a_lone_session_prices_longer_blocks_along_the_verifiers_pass_curve():
+    """On a CPU a verify pass's cost per token falls as it grows (the shipped target: about a
+    millisecond a token up to 5 tokens, a tenth of that from 7 to 12). A lone session drafting γ
+    2–3 measures passes of 3–4 tokens only; a line through them extends their slope to every
+    longer block (priced out: the module's docstring, The passes' shape). Along the worker's timed
+    curve, moved to the live passes' level, each block is priced at what its pass costs, and the
+    session drafts the γ that serves the most tokens."""
+    curve = {1: 5.0, 2: 6.3, 3: 7.2, 4: 8.2, 5: 9.0, 6: 9.1, 7: 10.1, 8: 10.1, 9: 10.2, 12: 10.4}
+
+    def live(i: int, g: int) -> CycleCosts:  # the live passes: the curve and 2 ms; every other block all accepted
+        return CycleCosts(g, g * (i % 2), draft_cost_ms=0.3 * g, draft_call_ms=0.0, verify_cost_ms=curve[g + 1] + 2.0,
+                          verify_call_ms=0.0, overhead_ms=0.5, latency_ms=2.0)
+
+    timed, untimed = GammaPolicy(), GammaPolicy()
+    timed.costs.timed(curve, {})
+    for policy in (timed, untimed):
+        for i, g in enumerate([2, 3] * 10):
+            policy.observe(live(i, g))
+    for g in range(9):
+        assert timed.costs.verify_ms(g) == pytest.approx(curve[g + 1] + 2.0, abs=0.05)
+    assert untimed.costs.verify_ms(8) == pytest.approx(curve[4] + 2.0 + 5 * 1.0)  # a ms a token on from 4 tokens: 3 ms over
+    tokens = timed.expected_tokens(8)
+    rates = [tokens[g] / (0.3 * g + curve[g + 1] + 2.0 + 0.5 + 2.0) for g in range(9)]
+    best = rates.index(max(rates))
+    assert best == 8 and timed.choose() == best and untimed.choose() < best
 
 
 # --- the load: passes shared with other sessions ------------------------------------------

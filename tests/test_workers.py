@@ -22,7 +22,7 @@ from tandem.cpu import WINDOW_S
 from tandem.math import block as block_math
 from tandem.math.params import SamplingParams
 from tandem.orchestrator.clients import DraftClient, VerifierClient
-from tandem.services import distributions, draft_worker, target_verifier
+from tandem.services import distributions, draft_worker, pass_curve, target_verifier
 from tandem.services.runtime import CacheFull, CacheMiss, HFPass, ModelRuntime
 from tandem.services.server import start_server
 from tandem.v1 import sampling_pb2, worker_pb2, worker_pb2_grpc
@@ -134,6 +134,15 @@ def test_describe_both_workers(draft_stub, target_stub, draft_dir, target_dir):
         assert info.model == model_dir
         assert info.device == "cpu" and info.dtype == "float32"
         assert info.num_parameters > 0
+
+
+def test_a_worker_times_its_pass_at_every_count_of_its_ladder_and_frees_the_cache_it_used(draft_dir):
+    runtime = ModelRuntime(draft_dir)
+    timed = pass_curve.pass_ms(runtime.forward_pass, ladder=(1, 2, 8), repetitions=2)
+    assert sorted(timed) == [1, 2, 8] and min(timed.values()) > 0
+    assert runtime.forward_pass.cache_bytes == 0
+    small = ModelRuntime(draft_dir, max_cache_bytes=16 * runtime.token_bytes)
+    assert pass_curve.pass_ms(small.forward_pass) == {}  # no room for the longest pass: nothing timed
 
 
 def test_health_check_serving(draft_channel, target_channel):

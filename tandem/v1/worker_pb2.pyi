@@ -222,7 +222,14 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "device", "dtype", "num_parameters", "max_request_bytes", "max_response_bytes", "drafter", "draft_model")
+    __slots__ = ("model", "vocab_size", "max_context", "eos_token_ids", "device", "dtype", "num_parameters", "max_request_bytes", "max_response_bytes", "drafter", "draft_model", "pass_ms")
+    class PassMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +241,7 @@ class ModelInfo(_message.Message):
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PASS_MS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     max_context: int
@@ -245,7 +253,8 @@ class ModelInfo(_message.Message):
     max_response_bytes: int
     drafter: str
     draft_model: str
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ...) -> None: ...
+    pass_ms: _containers.ScalarMap[int, float]
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., num_parameters: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., drafter: _Optional[str] = ..., draft_model: _Optional[str] = ..., pass_ms: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class LoadRequest(_message.Message):
     __slots__ = ()

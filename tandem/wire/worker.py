@@ -247,6 +247,8 @@ class ModelInfo:
     max_response_bytes: int = 0
     drafter: str = ""  # what drafts inside a verifier: "head", "self", or "" (draft workers do)
     draft_model: str = ""  # the head's directory, or the exit layer self-drafting stops at
+    # Its forward pass as it timed it when it loaded: tokens → median ms (services.pass_curve).
+    pass_ms: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,7 @@ def model_info_to_pb(info: ModelInfo) -> worker_pb2.ModelInfo:
         eos_token_ids=info.eos_token_ids, device=info.device, dtype=info.dtype,
         num_parameters=info.num_parameters, max_request_bytes=info.max_request_bytes,
         max_response_bytes=info.max_response_bytes, drafter=info.drafter, draft_model=info.draft_model,
+        pass_ms=info.pass_ms,
     )
 
 
@@ -283,5 +286,5 @@ def model_info_from_pb(msg: worker_pb2.ModelInfo) -> ModelInfo:
     return ModelInfo(
         msg.model, msg.vocab_size, msg.max_context, tuple(msg.eos_token_ids), msg.device,
         msg.dtype, msg.num_parameters, msg.max_request_bytes, msg.max_response_bytes, msg.drafter,
-        msg.draft_model,
+        msg.draft_model, dict(msg.pass_ms),
     )
