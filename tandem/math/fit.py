@@ -119,4 +119,4 @@ class PassCost:
         """The cost of a pass of `tokens` tokens (never below nothing)."""
         if not self.curve:
             return self.fit.at(tokens, shrunk=True)
-        return max(self.curve.at(tokens) + self.fit.sy / max(self.fit.n, FADED), 0.0)
+        return max(self.curve.at(tokens) + self.fit.at(0.0), 0.0)
