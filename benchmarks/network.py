@@ -18,8 +18,10 @@ every orchestrator↔worker link through a user-space delay proxy (the kernel he
 sessions in flight (1, 8), every mode over the held-out prompts, with ignore_eos so that every
 stream is max_tokens long, in --repeats rounds, each running every point's modes in a new order
 with new sampling seeds; a point's tokens/s per mode is its median run, adaptive's ratio to the
-best fixed γ is also paired round by round (with its 95 % interval), and it times both models'
-passes before the first round and after each. `--control` runs γ = 0 twice a round, the second
+best fixed γ is also paired round by round (with its 95 % interval), against the fixed γ the
+other rounds found best, and so again with every run put at the machine's median speed (a probe
+beside the bed: tandem.bench.speed, tandem.bench.pairing); it times both models' passes before
+the first round and after each. `--control` runs γ = 0 twice a round, the second
 apart from the modes: its ratio to the first, paired the same way, is what the bed's noise alone
 moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
@@ -63,7 +65,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster
 from tandem.bench.procfs import cpu_seconds
+from tandem.bench.pairing import NAN3, at_speed, held_out_best, paired, speed_slope
 from tandem.bench.runs import ahead_setting, cluster_mode, concurrent_runs
+from tandem.bench.speed import SpeedProbe
 from tandem.bench.summary import (acceptance, acceptance_by_block, acceptance_by_position, concurrency_row, cycles,
                                   cycles_by_gamma)
 from tandem.bench.testbed import unavailable
@@ -133,7 +137,7 @@ def _prompts(target: str) -> list[list[int]]:
 # What a sweep keeps of each run (tandem.bench.summary's row, and the machine's CPU per cycle).
 SWEEP_FIELDS = ("in_flight", "sessions", "aggregate_tokens_per_s", "ttft_ms", "mean_gamma", "acceptance_rate",
                 "mean_acceptance_length", "acceptance_by_position", "cycle", "cpu_ms_per_cycle", "cores_by_role",
-                "sessions_per_pass", "cycles_by_gamma", "acceptance_by_block")
+                "sessions_per_pass", "cycles_by_gamma", "acceptance_by_block", "speed_us")
 
 
 # A stream's first drafted blocks kept apart in acceptance_by_block (the last pools the rest).
@@ -158,7 +162,7 @@ def sweep(args) -> None:
     context = mean_context(prompt, args.max_tokens)
     timings = [time_passes(draft, target, prompt, context, args.pass_repetitions)]
     with NetworkCluster(draft, target, delay_ms=delays[0], drafter=args.drafter,
-                        head=head_for(args.drafter, None)) as cluster:
+                        head=head_for(args.drafter, None)) as cluster, SpeedProbe() as speed:
         concurrent_runs(cluster.address, cluster_mode(None), "greedy", prompts[:2], 16, 2, 0)  # warm-up
         start = time.time()
         # A round runs every point's modes, each point's in a new order: a point's rounds spread
@@ -174,7 +178,7 @@ def sweep(args) -> None:
                     (controls if run == CONTROL else rows).append({
                         "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                         "workload": workload, "repeat": repeat,
-                        **_sweep_run(cluster, args, run, workload, batch, warm_up, repeat)})
+                        **_sweep_run(cluster, speed, args, run, workload, batch, warm_up, repeat)})
                 best, adaptive, _ = _point(rows[-len(modes):])  # the point's runs of this round
                 print(f"[round {repeat + 1}/{args.repeats}, point {i + 1}/{len(points)}, {time.time() - start:.0f} s] "
                       f"delay {delay:g} ms, {workload}, {in_flight} in flight: best {best['mode']} "
@@ -185,8 +189,8 @@ def sweep(args) -> None:
             write(rows, args, timings, controls)
 
 
-def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: list[list[int]],
-               warm_up: list[list[int]], repeat: int) -> dict:
+def _sweep_run(cluster: NetworkCluster, speed: SpeedProbe, args, run: str, workload: str,
+               batch: list[list[int]], warm_up: list[list[int]], repeat: int) -> dict:
     """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode; warm_up: one
     prompt per session in flight."""
     mode, in_flight = cluster_mode(0) if run == CONTROL else run, len(warm_up)
@@ -199,15 +203,18 @@ def _sweep_run(cluster: NetworkCluster, args, run: str, workload: str, batch: li
         # replica's first cohort learned the pair from its streams' first blocks: α fell to 0.24
         # on three, and it ran γ = 0 for 0.8 s of a 10 s run at 1 ms, where γ = 0 serves 0.75×).
         concurrent_runs(cluster.address, mode, workload, warm_up, args.max_tokens, in_flight, 0, ignore_eos=True)
-    busy, by_role, passes = busy_ms(), cluster.cpu_ms(), cluster.passes()
+    busy, by_role, passes, probed = busy_ms(), cluster.cpu_ms(), cluster.passes(), speed.reading()
     runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                  round_seed(args.seed, repeat), ignore_eos=True)
+    probed = SpeedProbe.us_per_unit(probed, speed.reading())
     row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
     row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
     # How the choice spread: a mean γ hides cycles at γ = 0 beside long blocks.
     row["cycles_by_gamma"] = cycles_by_gamma(runs, OrchestratorConfig.max_gamma)
     row["acceptance_by_block"] = acceptance_by_block(runs, BLOCKS_KEPT)
     row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
+    # The machine's speed meanwhile (tandem.bench.speed), which moves every mode's runs alike.
+    row["speed_us"] = probed
     # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
     row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3) for role, ms in cluster.cpu_ms().items()}
     # How full each worker's passes were: cohorts that merge or take turns move a run's tokens/s
@@ -294,12 +301,12 @@ def write_runahead(rows: list[dict], args) -> None:
     for delay, workload, mode in sorted({k[:3] for k in medians}):
         at = {s: medians.get((delay, workload, mode, s)) for s in settings}
         group = [r for r in rows if (r["delay_ms"], r["workload"], r["mode"]) == (delay, workload, mode)]
-        paired = [_paired(group, s, against, by="setting") for s, against in pairs]
+        ratios = [paired(group, s, against, by="setting") for s, against in pairs]
         shares = ", ".join(f"{r['drafted_ahead_share']:.2f}" for s, r in at.items()
                            if s != "off" and r and r["drafted_ahead_share"] is not None)
         lines.append(f"| {delay:g} | {workload} | {mode} | "
                      + " | ".join(f"{r['aggregate_tokens_per_s'] if r else float('nan'):.1f}" for r in at.values())
-                     + " | " + "".join(f"{p[0]:.2f} ({p[1]:.2f}–{p[2]:.2f}) | " for p in paired) + f"{shares} |")
+                     + " | " + "".join(f"{p[0]:.2f} ({p[1]:.2f}–{p[2]:.2f}) | " for p in ratios) + f"{shares} |")
     (out / "runahead.md").write_text("\n".join(lines) + "\n")
     plot_runahead(medians, settings, out / "runahead.png")
 
@@ -826,20 +833,6 @@ def _point(group: list[dict]) -> tuple[dict, dict | None, dict | None]:
     return best, adaptive, zero
 
 
-def _paired(group: list[dict], mode: str, against: str, by: str = "mode") -> tuple[float, float, float]:
-    """`mode`'s tokens/s over `against`'s (each a value of the rows' `by`), round by round: the
-    geometric mean of a round's ratios and its 95 % t-interval (nan with one round). A round runs
-    its modes back to back, so its ratio pairs away the drift between rounds that a ratio of two
-    medians keeps."""
-    tokens_per_s = {(r[by], r["repeat"]): r["aggregate_tokens_per_s"] for r in group}
-    logs = np.log([tokens_per_s[mode, k] / tokens_per_s[against, k] for k in sorted({r["repeat"] for r in group})
-                   if (mode, k) in tokens_per_s and (against, k) in tokens_per_s])
-    if len(logs) < 2:
-        return float(np.exp(logs.mean())) if len(logs) else float("nan"), float("nan"), float("nan")
-    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
-    return float(np.exp(logs.mean())), float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
-
-
 def _interval(paired: tuple[float, float, float]) -> str:
     """A paired ratio and its interval, as the tables print them ("–" where not run)."""
     return "–" if np.isnan(paired[0]) else f"{paired[0]:.2f} ({paired[1]:.2f}–{paired[2]:.2f})"
@@ -851,19 +844,23 @@ def write(rows: list[dict], args, timings: list[dict], controls: list[dict] = ()
     (out / "sweep.json").write_text(json.dumps({"args": vars(args) | {"func": None}, "host_cores": os.cpu_count(),
                                                 "pass_ms": timings, "rows": rows, "controls": list(controls)},
                                                indent=1))
+    fixed = {r["mode"] for r in rows if r["mode"] != "adaptive"}
+    steady = at_speed(rows, speed_slope(rows, fixed, _key))
     lines = ["| delay (ms) | workload | in flight | best fixed γ | its tokens/s | adaptive tokens/s | adaptive / best "
-             "| paired per round (95 % CI) | adaptive mean γ | γ = 0 tokens/s | control: γ = 0 twice (95 % CI) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| paired per round (95 % CI) | against the other rounds' best | at the machine's speed "
+             "| adaptive mean γ | γ = 0 tokens/s | control: γ = 0 twice (95 % CI) |", "|---" * 13 + "|"]
     for key in sorted({_key(r) for r in rows}):
-        group = [r for r in rows if _key(r) == key]
+        group, at = [r for r in rows if _key(r) == key], [r for r in steady if _key(r) == key]
         best, adaptive, zero = _point(group)
         a = adaptive["aggregate_tokens_per_s"] if adaptive else float("nan")
-        paired = _paired(group, "adaptive", best["mode"]) if adaptive else (float("nan"),) * 3
-        control = _paired([*group, *({**c, "mode": CONTROL} for c in controls if _key(c) == key)], CONTROL,
-                          cluster_mode(0))
+        against = (best["mode"], held_out_best(group, fixed), held_out_best(at, fixed))
+        ratios = [paired(g, "adaptive", m) if adaptive else NAN3 for g, m in zip((group, group, at), against)]
+        control = paired([*group, *({**c, "mode": CONTROL} for c in controls if _key(c) == key)], CONTROL,
+                         cluster_mode(0))
         lines.append(f"| {key[0]:g} | {key[1]} | {key[2]} | {best['mode']} | {best['aggregate_tokens_per_s']:.1f} | "
-                     f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | {_interval(paired)} | "
-                     f"{(adaptive or {}).get('mean_gamma') or 0:.2f} | "
+                     f"{a:.1f} | {a / best['aggregate_tokens_per_s']:.2f} | "
+                     + "".join(f"{_interval(r)} | " for r in ratios)
+                     + f"{(adaptive or {}).get('mean_gamma') or 0:.2f} | "
                      f"{zero['aggregate_tokens_per_s'] if zero else float('nan'):.1f} | {_interval(control)} |")
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
     plot(rows, out / "sweep.png")

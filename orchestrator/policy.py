@@ -211,8 +211,17 @@ and 9.0 ms for 1–5 tokens, 10.2 for 9, 11.5 for 16), and fitted over the 3–4
 session drafting γ 2–3, the line's slope (1.0–2.3 ms a token, traced) priced γ = 8's pass 3–9 ms
 above its cost. So each worker times its pass at a ladder of token counts when it loads
 (tandem.services.pass_curve, ModelInfo.pass_ms), and the policy prices a pass along that curve,
-moved to the level its live passes run at (their mean excess over it: `PassCost`); where a
-worker timed none (an n-gram lookup) the line stands. And the lines of a call's costs in γ are
+scaled to the speed its live passes run at (their mean ratio to it: `PassCost`); where a worker
+timed none (an n-gram lookup) the line stands. A scale, not an excess: what slows a live pass
+(the host's other processes on its cores and caches) slows each of its tokens. Traced at 8 in
+flight on the test bed (0 ms, greedy), the verifier's batched passes ran 1.2–1.8× its curve (the
+other core busy with the draft worker, Ray's processes and the proxies), and the fixed γs'
+verifier CPU per cycle grew 0.3–0.8 ms a γ; moved by their excess, the curve priced each token at
+its idle 0.27 ms. Scaled, the cohorts drafted about one token shorter over the loaded sweep (mean
+γ 4.6–4.8 greedy at 5 ms where 5.5, 2.8–3.9 at T = 1 at 0–1 ms where 3.0–4.6), and adaptive
+served 0.92–1.02× the best fixed γ paired per round, 7 of 8 points within 5 % (0.90–1.04×, 5 of
+8, before); greedy at 0 and 1 ms they still held γ = 4, level with γ = 3 at 0 ms and 6–7 % short
+of it each round at 1 ms. And the lines of a call's costs in γ are
 fitted over the γs the sessions drafted, a narrow range alone, where their slopes are mostly
 noise, and noise clamped at zero from below only ever raises a slope: a replica's orchestrator
 CPU, flat in γ greedy, was fitted at 0.75 ms a γ over γ 1–2. So their slopes are shrunk by their

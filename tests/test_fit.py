@@ -39,11 +39,11 @@ def test_a_pass_curve_runs_straight_between_its_points_never_falls_and_goes_on_f
     assert not PassCurve.of({}) and not PassCurve.of({4: 8.0})  # a worker that timed nothing
 
 
-def test_a_pass_is_priced_along_its_workers_curve_at_the_level_the_live_passes_run():
+def test_a_pass_is_priced_along_its_workers_curve_at_the_speed_the_live_passes_run():
     """A lone session drafting γ 2–3 runs passes of 3–4 tokens: a line through them extends their
     slope (about a millisecond a token on the shipped target) to every longer block, where the
-    passes cost a fraction of that per token; the curve moved to the live level does not."""
-    live = {3: 9.2, 4: 10.2}  # the passes with 2 ms more of the live machine's on each
+    passes cost a fraction of that per token; the curve scaled to the live passes does not."""
+    live = {3: 7.2 * 1.25, 4: 8.2 * 1.25}  # the passes 1.25× as long on the live machine
     curved, line = PassCost(PassCurve.of(SHIPPED)), PassCost()
     for _ in range(10):
         for tokens, ms in live.items():
@@ -51,6 +51,17 @@ def test_a_pass_is_priced_along_its_workers_curve_at_the_level_the_live_passes_r
             line.add(tokens, ms, 0.9)
     for tokens, ms in live.items():
         assert curved.at(tokens) == pytest.approx(ms, abs=0.05) and line.at(tokens) == pytest.approx(ms, abs=0.05)
-    assert curved.at(9) == pytest.approx(12.2, abs=0.05)  # the shipped 10.2 and the live 2
-    assert line.at(9) == pytest.approx(15.2, abs=0.05)  # 1 ms a token on from 4
+    assert curved.at(9) == pytest.approx(10.2 * 1.25, abs=0.05)
+    assert line.at(9) == pytest.approx(8.2 * 1.25 + 5 * 1.25, abs=0.05)  # 1.25 ms a token on from 4
     assert PassCost(PassCurve.of(SHIPPED)).n == 0  # nothing live yet: not priced
+
+
+def test_passes_slowed_by_a_busy_host_cost_more_for_every_token_not_by_a_constant():
+    """Under load the verifier's passes ran 1.6× its curve (the other core busy): each token they
+    add costs 1.6× the curve's too, which a constant excess over the curve would not price."""
+    slow = PassCost(PassCurve.of(SHIPPED))
+    for _ in range(20):
+        for tokens in (16, 20, 24):
+            slow.add(tokens, 1.6 * PassCurve.of(SHIPPED).at(tokens), 0.9)
+    per_token = (slow.at(24) - slow.at(16)) / 8
+    assert per_token == pytest.approx(1.6 * (13.9 - 11.5) / 8)

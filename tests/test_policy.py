@@ -360,12 +360,12 @@ def test_a_lone_session_prices_longer_blocks_along_the_verifiers_pass_curve():
     millisecond a token up to 5 tokens, a tenth of that from 7 to 12). A lone session drafting γ
     2–3 measures passes of 3–4 tokens only; a line through them extends their slope to every
     longer block (priced out: the module's docstring, The passes' shape). Along the worker's timed
-    curve, moved to the live passes' level, each block is priced at what its pass costs, and the
+    curve, scaled to the live passes' speed, each block is priced at what its pass costs, and the
     session drafts the γ that serves the most tokens."""
     curve = {1: 5.0, 2: 6.3, 3: 7.2, 4: 8.2, 5: 9.0, 6: 9.1, 7: 10.1, 8: 10.1, 9: 10.2, 12: 10.4}
 
-    def live(i: int, g: int) -> CycleCosts:  # the live passes: the curve and 2 ms; every other block all accepted
-        return CycleCosts(g, g * (i % 2), draft_cost_ms=0.3 * g, draft_call_ms=0.0, verify_cost_ms=curve[g + 1] + 2.0,
+    def live(i: int, g: int) -> CycleCosts:  # the live passes: 1.25× the curve; every other block all accepted
+        return CycleCosts(g, g * (i % 2), draft_cost_ms=0.3 * g, draft_call_ms=0.0, verify_cost_ms=curve[g + 1] * 1.25,
                           verify_call_ms=0.0, overhead_ms=0.5, latency_ms=2.0)
 
     timed, untimed = GammaPolicy(), GammaPolicy()
@@ -374,12 +374,13 @@ def test_a_lone_session_prices_longer_blocks_along_the_verifiers_pass_curve():
         for i, g in enumerate([2, 3] * 10):
             policy.observe(live(i, g))
     for g in range(9):
-        assert timed.costs.verify_ms(g) == pytest.approx(curve[g + 1] + 2.0, abs=0.05)
-    assert untimed.costs.verify_ms(8) == pytest.approx(curve[4] + 2.0 + 5 * 1.0)  # a ms a token on from 4 tokens: 3 ms over
+        assert timed.costs.verify_ms(g) == pytest.approx(curve[g + 1] * 1.25, rel=0.01)
+    # 1.25 ms a token on from 4 tokens: 3.75 ms over
+    assert untimed.costs.verify_ms(8) == pytest.approx((curve[4] + 5 * 1.0) * 1.25)
     tokens = timed.expected_tokens(8)
-    rates = [tokens[g] / (0.3 * g + curve[g + 1] + 2.0 + 0.5 + 2.0) for g in range(9)]
+    rates = [tokens[g] / (0.3 * g + curve[g + 1] * 1.25 + 0.5 + 2.0) for g in range(9)]
     best = rates.index(max(rates))
-    assert best == 8 and timed.choose() == best and untimed.choose() < best
+    assert best > 3 and timed.choose() == best and untimed.choose() < best  # longer than the blocks it measured
 
 
 # --- the load: passes shared with other sessions ------------------------------------------

@@ -93,13 +93,16 @@ class PassCurve:
 @dataclass
 class PassCost:
     """A worker's pass cost against the tokens it runs, learned from its live passes: its curve
-    (PassCurve) moved to the level the live passes run at, where the worker timed one; else a
+    (PassCurve) scaled to the speed the live passes run at, where the worker timed one; else a
     line fitted to them. A line bends nowhere, and fitted over the few token counts a lone
     session's blocks span, its slope is noise: extended to longer blocks, it priced them out on a
-    CPU, where a pass's cost per token falls as it grows (the orchestrator's policy)."""
+    CPU, where a pass's cost per token falls as it grows (the orchestrator's policy). The live
+    passes run slower than the curve by a factor, not by a constant: what slows them (other
+    processes on the host's cores and caches) slows each token."""
 
     curve: PassCurve = field(default_factory=PassCurve)
-    # With a curve: the live passes' excess over it (a flat line at x = 0); else cost against tokens.
+    # With a curve: the live passes' cost over the curve's (a flat line at x = 0); else cost
+    # against tokens.
     fit: LinearFit = field(default_factory=LinearFit)
 
     @property
@@ -107,10 +110,10 @@ class PassCost:
         return self.fit.n
 
     def add(self, tokens: float, ms: float, decay: float) -> None:
-        if self.curve:
-            self.fit.add(0.0, ms - self.curve.at(tokens), decay)
-        else:
+        if not self.curve:
             self.fit.add(tokens, ms, decay)
+        elif (timed := self.curve.at(tokens)) > 0:
+            self.fit.add(0.0, ms / timed, decay)
 
     def fade(self, decay: float) -> None:
         self.fit.fade(decay)
@@ -119,4 +122,4 @@ class PassCost:
         """The cost of a pass of `tokens` tokens (never below nothing)."""
         if not self.curve:
             return self.fit.at(tokens, shrunk=True)
-        return max(self.curve.at(tokens) + self.fit.at(0.0), 0.0)
+        return max(self.curve.at(tokens) * self.fit.at(0.0), 0.0)
