@@ -60,7 +60,6 @@ import grpc
 import matplotlib
 import numpy as np
 import torch
-from scipy import stats
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.bench.network import NetworkCluster

@@ -256,10 +256,13 @@ def test_the_whole_cluster_serves_across_the_test_bed(pair, target_model):
 
     delay = 5.0
     prompt = pair["prompts"][0]
-    expected = hf_greedy(target_model, prompt, 24)
+    # Long enough that every role's CPU spans several of the kernel's 10 ms ticks: over 24 tokens
+    # the proxies and the client each counted 20 ms, and once one of them none.
+    tokens = 64
+    expected = hf_greedy(target_model, prompt, tokens)
     with NetworkCluster(pair["draft"], pair["target"], delay_ms=delay) as cluster, Client(cluster.address) as client:
         before, passed = cluster.cpu_ms(), cluster.passes()
-        result = client.generate(prompt_token_ids=prompt, max_tokens=24, temperature=0, gamma=3)
+        result = client.generate(prompt_token_ids=prompt, max_tokens=tokens, temperature=0, gamma=3)
         after, passes = cluster.cpu_ms(), cluster.passes()
         alone = 1e3 * cpu_seconds(cluster.procs["orchestrator"].pid)
     assert result.token_ids == expected

@@ -15,6 +15,7 @@ sweep's `speed_us`).
 import multiprocessing as mp
 import time
 from multiprocessing.sharedctypes import SynchronizedArray
+from multiprocessing.synchronize import Event
 
 # The probe's rhythm: a unit of about 0.4 ms every 20 ms, some 2 % of one core.
 UNIT_ITERATIONS = 5000
@@ -30,7 +31,7 @@ def _unit() -> int:
     return total
 
 
-def _probe(counters: SynchronizedArray, stop: mp.Event) -> None:
+def _probe(counters: SynchronizedArray, stop: Event) -> None:
     while not stop.is_set():
         start = time.thread_time_ns()
         _unit()
