@@ -205,7 +205,7 @@ def _sweep_run(cluster: NetworkCluster, speed: SpeedProbe, args, run: str, workl
     busy, by_role, passes, probed = busy_ms(), cluster.cpu_ms(), cluster.passes(), speed.reading()
     runs, wall = concurrent_runs(cluster.address, mode, workload, batch, args.max_tokens, in_flight,
                                  round_seed(args.seed, repeat), ignore_eos=True)
-    probed = SpeedProbe.us_per_unit(probed, speed.reading())
+    speed_us = SpeedProbe.us_per_unit(probed, speed.reading())
     row = concurrency_row(runs, wall, in_flight) | acceptance(runs)
     row["acceptance_by_position"] = acceptance_by_position(runs, OrchestratorConfig.max_gamma)
     # How the choice spread: a mean γ hides cycles at γ = 0 beside long blocks.
@@ -213,7 +213,7 @@ def _sweep_run(cluster: NetworkCluster, speed: SpeedProbe, args, run: str, workl
     row["acceptance_by_block"] = acceptance_by_block(runs, BLOCKS_KEPT)
     row["cpu_ms_per_cycle"] = (busy_ms() - busy) / len(cycles(runs))
     # The machine's speed meanwhile (tandem.bench.speed), which moves every mode's runs alike.
-    row["speed_us"] = probed
+    row["speed_us"] = speed_us
     # Each role's cores during the run: a worker near 1 is the bottleneck (one model thread).
     row["cores_by_role"] = {role: (ms - by_role.get(role, 0.0)) / (wall * 1e3) for role, ms in cluster.cpu_ms().items()}
     # How full each worker's passes were: cohorts that merge or take turns move a run's tokens/s

@@ -59,9 +59,10 @@ def test_a_pass_is_priced_along_its_workers_curve_at_the_speed_the_live_passes_r
 def test_passes_slowed_by_a_busy_host_cost_more_for_every_token_not_by_a_constant():
     """Under load the verifier's passes ran 1.6× its curve (the other core busy): each token they
     add costs 1.6× the curve's too, which a constant excess over the curve would not price."""
-    slow = PassCost(PassCurve.of(SHIPPED))
+    curve = PassCurve.of(SHIPPED)
+    slow = PassCost(curve)
     for _ in range(20):
         for tokens in (16, 20, 24):
-            slow.add(tokens, 1.6 * PassCurve.of(SHIPPED).at(tokens), 0.9)
+            slow.add(tokens, 1.6 * curve.at(tokens), 0.9)
     per_token = (slow.at(24) - slow.at(16)) / 8
     assert per_token == pytest.approx(1.6 * (13.9 - 11.5) / 8)
