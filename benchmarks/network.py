@@ -147,6 +147,9 @@ def sweep(args) -> None:
     draft, target = default_pair()
     prompts = _prompts(target)
     modes = _modes(args.gammas)
+    if set(modes) == {cluster_mode(None)}:
+        raise SystemExit("sweep: --gammas needs a fixed γ besides auto: each round judges adaptive against the best "
+                         "fixed γ")
     delays = [float(d) for d in args.delays.split(",")]
     levels = [int(n) for n in args.in_flight.split(",")]
     points = [(d, w, n) for d in delays for w in args.workloads.split(",") for n in levels]
@@ -409,6 +412,7 @@ def calibrate(args) -> None:
         if gamma is None:
             continue
         costs = replace(_costs(rows, passes, prompt, r, gamma), background_ms=background[r["workload"]])
+        costs = costs.slowed(_slowing(rows, r))
         cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores,
                           draft_ahead=True, ahead_rejections=OrchestratorConfig.ahead_rejections)
         predicted = load_tokens_per_s(costs, cluster, gamma, r["sessions"])
@@ -426,6 +430,15 @@ def calibrate(args) -> None:
               f"{o['predicted']:.1f} | {o['ratio']:.2f} |" for o in out]
     (where / "calibration.md").write_text("\n".join(lines) + "\n")
     plot_calibration(out, where / "calibration.png")
+
+
+def _slowing(rows: list[dict], point: dict) -> float:
+    """How much slower the machine ran during a point's run than during the lone runs its costs
+    come from (their median): the ratio of the speed probe's CPU per unit (tandem.bench.speed); 1
+    for a sweep that did not probe it. The costs scaled by it are the point's at the speed it ran."""
+    lone = [r["speed_us"] for r in rows if r["in_flight"] == 1 and r["workload"] == point["workload"]
+            and r.get("speed_us")]
+    return point["speed_us"] / float(np.median(lone)) if lone and point.get("speed_us") else 1.0
 
 
 def _joined_sweeps(paths: list[Path]) -> dict:

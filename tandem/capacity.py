@@ -82,7 +82,7 @@ import operator
 import random
 import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 
 MAX_GAMMA = 16
@@ -202,6 +202,16 @@ class Costs:
         """E[tokens a cycle outputs | γ]: the accepted ones and the bonus or recovered one."""
         return sum(self.survival(gamma))
 
+    def slowed(self, factor: float) -> Costs:
+        """These costs on a processor `factor` times slower: every CPU cost (the passes, the calls'
+        handling, the orchestrator's, the background) times it; the round trip, acceptance and
+        sizes as they are. A host's speed moves: on the test bed's VM a fixed unit of Python took
+        up to 30 % longer from minute to minute (tandem.bench.speed)."""
+        _require(0 < factor < math.inf, "factor", "must be > 0")
+        scaled = {name: getattr(self, name) * factor for name in _CPU_MS if getattr(self, name) is not None}
+        return replace(self, draft_pass=_scaled_pass(self.draft_pass, factor),
+                       target_pass=_scaled_pass(self.target_pass, factor), **scaled)
+
     @classmethod
     def from_fields(cls, values: dict) -> Costs:
         """From a mapping of field names to values, as a JSON object holds them (lists for the
@@ -251,6 +261,19 @@ def _check_pass(name: str, spec: tuple) -> None:
     _require(len(spec) >= 2 and all(isinstance(n, int) and n >= 1 for n in tokens)
              and tokens == sorted(set(tokens)) and all(0 <= p[1] < math.inf for p in spec), name,
              "must be a table of two or more (tokens, ms): tokens integers >= 1, ascending, ms >= 0")
+
+
+# Costs' fields that are CPU time besides the passes (Costs.slowed).
+_CPU_MS = ("orchestrator_ms", "orchestrator_draft_call_ms", "call_ms", "handling_ms", "handling_call_ms",
+           "draft_token_ms", "ahead_step_ms", "background_ms", "draft_row_ms", "target_row_ms", "draft_cold_ms",
+           "target_cold_ms")
+
+
+def _scaled_pass(spec: tuple, factor: float) -> tuple:
+    """A pass's line or table with every ms times `factor`."""
+    if not isinstance(spec[0], (tuple, list)):
+        return spec[0] * factor, spec[1] * factor
+    return tuple((tokens, ms * factor) for tokens, ms in spec)
 
 
 def pass_ms(spec: tuple, tokens: int) -> float:

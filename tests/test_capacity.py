@@ -530,6 +530,22 @@ def test_a_table_of_passes_is_read_between_its_points():
         assert e.value.field == "draft_pass"
 
 
+def test_a_slower_processor_stretches_every_cost_but_the_round_trip():
+    costs = replace(BUSY, call_ms=0.3, handling_ms=0.2, handling_call_ms=0.15, draft_token_ms=0.07,
+                    background_ms=0.4, target_row_ms=0.1, target_pass=((1, 8.3), (9, 10.7)))
+    # With no round trip every event comes `factor` times later: the same run, slower.
+    still = replace(costs, rtt_ms=0.0)
+    cluster = Cluster(1, 1, 8, tokens_per_session=64, host_cores=2)
+    assert simulate(still.slowed(1.5), cluster, 3).tokens_per_s == pytest.approx(
+        simulate(still, cluster, 3).tokens_per_s / 1.5, rel=1e-9)
+    # Alone, the cycle's CPU is stretched and its two round trips are not.
+    assert lone_cycle_ms(costs.slowed(2.0), 3) == pytest.approx(2 * lone_cycle_ms(costs, 3) - 2 * costs.rtt_ms)
+    assert costs.slowed(2.0).alpha == costs.alpha and costs.slowed(2.0).prompt_tokens == costs.prompt_tokens
+    with pytest.raises(InvalidInput) as e:
+        costs.slowed(0.0)
+    assert e.value.field == "factor"
+
+
 def test_a_held_pass_gathers_its_cohort(monkeypatch):
     """Four sessions on four replicas reach one verifier at staggered times: holding a pass for
     the sessions due back (a share of its fixed cost, as the workers do) puts all four in every
