@@ -406,13 +406,14 @@ def calibrate(args) -> None:
     passes = _passes(args, sweep, draft, target, prompt)
     cores = args.host_cores or sweep.get("host_cores") or os.cpu_count()
     background = {w: _background_ms(rows, passes, prompt, w) for w in {r["workload"] for r in rows}}
+    lone_speed = {w: _lone_speed_us(rows, w) for w in background}
     out = []
     for r in rows:
         gamma = _gamma_of(r["mode"])
         if gamma is None:
             continue
         costs = replace(_costs(rows, passes, prompt, r, gamma), background_ms=background[r["workload"]])
-        costs = costs.slowed(_slowing(rows, r))
+        costs = costs.slowed(_slowing(r, lone_speed[r["workload"]]))
         cluster = Cluster(1, 1, r["in_flight"], tokens_per_session=sweep["args"]["max_tokens"], host_cores=cores,
                           draft_ahead=True, ahead_rejections=OrchestratorConfig.ahead_rejections)
         predicted = load_tokens_per_s(costs, cluster, gamma, r["sessions"])
@@ -432,13 +433,18 @@ def calibrate(args) -> None:
     plot_calibration(out, where / "calibration.png")
 
 
-def _slowing(rows: list[dict], point: dict) -> float:
+def _lone_speed_us(rows: list[dict], workload: str) -> float | None:
+    """The speed probe's median CPU per unit over the workload's lone runs, whose costs `_costs`
+    takes (tandem.bench.speed); None for a sweep that did not probe it."""
+    lone = [r["speed_us"] for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r.get("speed_us")]
+    return float(np.median(lone)) if lone else None
+
+
+def _slowing(point: dict, lone_us: float | None) -> float:
     """How much slower the machine ran during a point's run than during the lone runs its costs
-    come from (their median): the ratio of the speed probe's CPU per unit (tandem.bench.speed); 1
-    for a sweep that did not probe it. The costs scaled by it are the point's at the speed it ran."""
-    lone = [r["speed_us"] for r in rows if r["in_flight"] == 1 and r["workload"] == point["workload"]
-            and r.get("speed_us")]
-    return point["speed_us"] / float(np.median(lone)) if lone and point.get("speed_us") else 1.0
+    come from (`lone_us`: _lone_speed_us); 1 where either was not probed. The costs scaled by it
+    are the point's at the speed it ran."""
+    return point["speed_us"] / lone_us if lone_us and point.get("speed_us") else 1.0
 
 
 def _joined_sweeps(paths: list[Path]) -> dict:
