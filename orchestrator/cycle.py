@@ -248,7 +248,9 @@ class SpeculativeLoop:
         #    next block if a guess came true. The draft cache holds the block's first γ−1 tokens,
         #    all γ once a draft-ahead call fed the last, and the guess too on a hit of a chain (a
         #    hit among several guesses leaves it in a tree's layout: the next call feeds it).
+        settling = time.perf_counter()
         ahead_reply, block = await self._settle(s, ahead, gamma, accepted) if ahead else (None, None)
+        ahead_wait = (time.perf_counter() - settling) * 1e3 if ahead_reply else -1.0
         laid_out = bool(block) and ahead_reply.answer.parents.count(-1) > 1
         if self.verifier_drafts:
             block = self._next_block(s, verify, accepted, new)
@@ -271,7 +273,8 @@ class SpeculativeLoop:
         per_event = self.cpu.count(2 + bool(call.gamma and not call.drafted_ahead) + bool(ahead))
         # A draft call answered with no block (an n-gram lookup without a match) teaches the policy
         # a block of the γ asked, rejected at its first token (the policy's docstring).
-        costs = _costs(record, draft, verify, per_event, depth, asked=call.gamma if proposal and not gamma else 0)
+        costs = _costs(record, draft, verify, per_event, depth, asked=call.gamma if proposal and not gamma else 0,
+                       ahead_wait=ahead_wait)
         costs.guessed, costs.recovered = _guesses(ahead_reply, block, gamma, accepted, self.ahead_rejections)
         s.policy.observe(costs, len(new), ahead=self._ahead(), sessions=self.in_flight)
         following = None if s.finish_reason else self._launch(s, parent, block, holds_block=not laid_out)
@@ -552,12 +555,13 @@ def _measure(s: Session, began: float, call: "_FirstCall", gamma: int, accepted:
 
 
 def _costs(c: CycleStats, draft: Reply | None, verify: Reply, per_event_ms: float, depth: int = 0,
-           asked: int = 0) -> CycleCosts:
+           asked: int = 0, ahead_wait: float = -1.0) -> CycleCosts:
     """What the γ policy learns from a cycle: what each call's work cost its worker (a worker that
     does not measure it: its compute time, and the call's transport), the orchestrator's CPU (per
     event, the verify call and the rest of a cycle being two, a draft call one; until that is
-    measured, the cycle's orchestration time), and the latency beyond them. depth: a token
-    tree's (its γ), 0 for a chain; asked: the γ of a draft call that drafted nothing (else 0)."""
+    measured, the cycle's orchestration time), the wait for its draft-ahead call after the
+    verdict (ahead_wait, -1: none answered), and the latency beyond them. depth: a token tree's
+    (its γ), 0 for a chain; asked: the γ of a draft call that drafted nothing (else 0)."""
     draft_call, verify_call = _call(draft), _call(verify)
     measured = per_event_ms >= 0
     overhead = 2 * per_event_ms if measured else c.orchestration_ms
@@ -570,7 +574,8 @@ def _costs(c: CycleStats, draft: Reply | None, verify: Reply, per_event_ms: floa
         overhead_ms=overhead, draft_overhead_ms=draft_overhead,
         draft_latency_ms=max(0.0, _transport(draft) - draft_call),
         latency_ms=(max(0.0, _transport(verify) - verify_call)
-                    + max(0.0, c.orchestration_ms - overhead - draft_overhead)),
+                    + max(0.0, c.orchestration_ms - overhead - draft_overhead - max(ahead_wait, 0.0))),
+        ahead_wait_ms=ahead_wait,
         drafted_ahead=c.drafted_ahead,
         draft_fed=draft.fed if draft else 0,
         verify_fed=verify.fed,

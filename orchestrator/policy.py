@@ -73,6 +73,19 @@ drafts past the whole block only). A γ-0 cycle's verify drafts ahead too when t
 would draft (the first cycle's: the prompt's prefill). Across a network that call
 is a round trip; charging it to every drafting cycle made γ = 0 look better than it was.
 
+Drafting ahead's wait. The verdict can come back before the draft-ahead call does: the call drafts
+γ + 1 steps under each of its guesses (1 + min(γ, ahead_rejections) rows a step) where the verify
+is one pass, and the loop waits for it (a session has one draft call in flight). On the test bed
+at 0 ms (the shipped pair, 8 rejections) that wait was nothing at γ = 3 and 6.5–12 ms (medians)
+at γ 6–8 with T = 1, 0.1 and 1.7 ms greedy. Learned as latency, a line in γ over the γs a session
+drafted, it was spread over every γ as a slope: a lone session there mixed γ 2 and 5 (the
+target's 6-token pass costs what its 5-token one does) and served 0.89× the best fixed γ over six
+rounds. So the policy learns the wait per γ, apart from the latency (`PoolCosts.ahead_wait`, a
+decayed mean from none, so that a stray slow call moves it a tenth of the way), and charges a
+cycle that drafts ahead the most measured at its γ or below: the call's work grows with γ faster
+than the verify's, so a longer block waits at least as long. Over six rounds there, 0.96× (γ = 5
+in 25 of 788 cycles, from 291 of 747), and 1.07× γ = 0, from 0.99×.
+
 Chain or tree (draft shape "auto"): the policy keeps, per shape, the decayed output tokens and
 cost of its drafting cycles, and drafts the shape that has given more tokens per millisecond,
 trying the other one every `probe_every` cycles so that its measure stays current. Cycles that
@@ -303,6 +316,7 @@ class CycleCosts:
     recovered: bool | None = None  # after a rejection it drafted past: whether it guessed the recovered token
     tree: bool = False  # the draft was a token tree γ deep (gamma: its depth)
     wall_ms: float = 0.0  # the cycle's wall time, up to its commit
+    ahead_wait_ms: float = -1.0  # its wait for its draft-ahead call after the verdict (-1: none answered)
     draft_fed: int = 1  # committed tokens each call fed its worker besides the block
     verify_fed: int = 1
     # The passes each call ran in; None (or no passes) means alone, one pass per step.
@@ -338,6 +352,8 @@ class PoolCosts:
     verify_call: LinearFit = field(default_factory=LinearFit)
     overhead: LinearFit = field(default_factory=LinearFit)  # the orchestrator's CPU per cycle, draft call aside
     latency: LinearFit = field(default_factory=LinearFit)
+    # Per γ, a lone cycle's wait for its draft-ahead call after the verdict (decayed mean, from 0).
+    ahead_wait: dict[int, float] = field(default_factory=dict)
 
     @property
     def draft_sessions(self) -> float:
@@ -412,6 +428,7 @@ class PoolCosts:
         # Unmeasured, a draft worker's call takes the verify call's latency: the same round trip.
         seeded = not (self.draft_latency.n or self.drafts_on_verifier)
         draft_latency = [think[0]] * (top + 1) if seeded else _along(self.draft_latency, top)
+        waits = self.ahead_waits(top) if ahead else [0.0] * (top + 1)
         for g in range(1, top + 1):
             missed = 1.0 - ahead[g] if ahead else 1.0
             work = missed * (g * draft_token + draft_call[g])
@@ -420,8 +437,15 @@ class PoolCosts:
             else:
                 drafter[g] += work
             replica[g] += missed * draft_overhead[g]
-            think[g] += missed * draft_latency[g]
+            think[g] += missed * draft_latency[g] + waits[g]
         return verifier, drafter, replica, think
+
+    def ahead_waits(self, top: int) -> list[float]:
+        """A lone cycle's wait for its draft-ahead call after the verdict, γ = 0 … top: the most
+        measured at γ or below (none: 0). It never shrinks with γ: the call drafts γ + 1 steps
+        under each of its guesses where the verify's one pass grows far less (the module's
+        docstring, Drafting ahead's wait)."""
+        return list(accumulate((self.ahead_wait.get(g, 0.0) for g in range(top + 1)), max))
 
     def timed(self, verify: dict[int, float], draft: dict[int, float]) -> None:
         """The workers' pass curves as they timed them when they loaded (ModelInfo.pass_ms; {}: none):
@@ -451,6 +475,8 @@ class PoolCosts:
         self.latency.add(c.gamma, max(c.latency_ms, 0.0), d)
         if c.verify_fed > STEADY_VERIFY_FED:
             return
+        if c.gamma and c.ahead_wait_ms >= 0.0:  # from none: a stray slow call moves it a tenth of the way
+            self.ahead_wait[c.gamma] = _ewma(self.ahead_wait.get(c.gamma, 0.0), c.ahead_wait_ms, d)
         passes = _passes(c.verify_batching, 1, c.verify_fed + c.gamma)
         fill = passes.sessions / passes.passes
         self.verify_sessions = _ewma(self.verify_sessions, fill, d)

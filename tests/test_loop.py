@@ -85,6 +85,8 @@ def test_drafting_ahead_changes_no_token(workers, redis_url, pair):
         assert off_policy.pair.guesses == 0 and guesses.hits <= guesses.guesses
         assert (guesses.hits > 0) == any(c.drafted_ahead for c in on_cycles)
         assert not any(c.drafted_ahead or c.ahead_ms for c in off_cycles)
+        # It learns the cycle's wait for its draft-ahead call at the γ it drafted.
+        assert gamma in on_policy.costs.ahead_wait and not off_policy.costs.ahead_wait
         for before, c in zip(on_cycles, on_cycles[1:]):
             # A block comes from drafting ahead only after a cycle that accepted all it drafted.
             assert not c.drafted_ahead or (before.accepted == before.gamma and before.ahead_ms > 0)

@@ -956,6 +956,31 @@ def test_drafting_ahead_past_rejections_saves_the_draft_call_after_them_too():
         replace(never, ahead_rejections=0).ahead_rates(survival)[4], abs=0.01)
 
 
+def test_a_lone_cycles_wait_for_its_draft_ahead_call_is_priced_at_its_gamma_and_beyond():
+    """Alone, the cycle waits after the verdict for its draft-ahead call, γ + 1 steps under each
+    guess (at T = 1 on the test bed: nothing at γ = 3, 8–12 ms at 6–8). The policy learns that
+    wait per γ, from none (a stray slow call moves it a tenth of the way), and charges it where
+    the loop drafts ahead, at γ and every longer block: long blocks that outlast the verify stop
+    looking cheap, and a loop that does not draft ahead pays nothing."""
+    policy = trained(cheap_good_cycle, [4, 8, 6, 8, 2, 8] * 5)
+    assert policy.choose(ahead=True) == policy.choose() == 8
+    costs = policy.costs
+    costs.observe(replace(cheap_good_cycle(3), ahead_wait_ms=10.0))
+    assert costs.ahead_wait == {3: pytest.approx(1.0)}  # from none, a tenth of the way
+    costs.observe(replace(cheap_good_cycle(3), ahead_wait_ms=0.0, verify_fed=40))  # a prefill teaches none
+    assert costs.ahead_wait == {3: pytest.approx(1.0)}
+    for _ in range(60):
+        for gamma, wait in [(3, 0.1), (6, 40.0)]:
+            costs.observe(replace(cheap_good_cycle(gamma), ahead_wait_ms=wait))
+        costs.observe(cheap_good_cycle(8))  # no draft-ahead call answered: no wait learned
+    assert costs.ahead_waits(8) == pytest.approx([0.0] * 3 + [0.1] * 3 + [40.0] * 3, rel=0.02, abs=1e-3)
+    session = policy.for_session()
+    hits = [0.0] * 9
+    plain, ahead = costs.cycles_ms(8), costs.cycles_ms(8, hits)
+    assert [a - p for a, p in zip(ahead, plain)] == pytest.approx(costs.ahead_waits(8))
+    assert session.choose() == 8 and 3 <= session.choose(ahead=True) < 6
+
+
 def test_the_draft_calls_orchestrator_cpu_is_charged_to_drafting_cycles_only():
     """A drafting cycle makes one call more, and the orchestrator's CPU is mostly per call: its
     draft call's share is learned from drafting cycles and charged to γ > 0 only."""
