@@ -8,6 +8,7 @@ capacity simulator's predictions against those measurements.
     .venv/bin/python benchmarks/network.py runahead [--settings off,1,1+8]   # drafting ahead for more outcomes
     .venv/bin/python benchmarks/network.py sweep --drafter model --out results/network_drafters/model
     .venv/bin/python benchmarks/network.py drafters              # the drafters' sweeps side by side
+    .venv/bin/python benchmarks/network.py pool --sweeps A,B --out C   # sweeps of the same points, as one
     .venv/bin/python benchmarks/network.py --smoke --out DIR     # each subcommand at a tiny size
 
 The test bed (tandem.bench.testbed, tandem.bench.network) puts the orchestrator, the draft worker
@@ -38,11 +39,13 @@ tandem.capacity.simulate, the bed's processes sharing the host's cores, from cos
 from it (`_costs`). `runahead` measures a lone session's tokens/s against the delay with
 drafting ahead off and for guesses of the bonus token and of the recovered tokens (`tandem
 orchestrator --ahead-guesses G --ahead-rejections R`), one cluster per setting and round, the
-settings in a new order each round. `--smoke` runs sweep, calibrate and drafters on that sweep,
-and runahead at a tiny size (SMOKE), everything under --out: the code path, not numbers to read.
+settings in a new order each round. `pool` joins sweeps of the same points and code, run at
+different times, as one sweep of all their rounds. `--smoke` runs sweep, calibrate, drafters and
+pool on that sweep, and runahead at a tiny size (SMOKE), everything under --out: the code path,
+not numbers to read.
 
 Writes sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png} to --out (sweep,
-calibrate and runahead take it; default results/network), drafters.{md,png} to drafters' --out
+pool, calibrate and runahead take it; default results/network), drafters.{md,png} to drafters' --out
 (default results/network_drafters).
 """
 
@@ -445,6 +448,28 @@ def _slowing(point: dict, lone_us: float | None) -> float:
     come from (`lone_us`: _lone_speed_us); 1 where either was not probed. The costs scaled by it
     are the point's at the speed it ran."""
     return point["speed_us"] / lone_us if lone_us and point.get("speed_us") else 1.0
+
+
+def pool(args) -> None:
+    """Sweeps of the same points and code run at different times, as one sweep of all their rounds
+    (each sweep's rounds numbered after the one's before): a point's paired ratios then rest on
+    every round, each still pairing only the modes that ran back to back in it."""
+    paths = [Path(p) / "sweep.json" for p in args.sweeps.split(",")]
+    sweeps = [json.loads(path.read_text()) for path in paths if path.is_file()]
+    if len(sweeps) < len(paths) or len(paths) < 2:
+        raise SystemExit(f"pool: needs two sweeps or more; found {len(sweeps)} of {', '.join(map(str, paths))}")
+    settings = {(s["args"]["max_tokens"], s["args"]["sessions"], s["args"].get("drafter")) for s in sweeps}
+    if len(settings) > 1:
+        raise SystemExit("pool: the sweeps ran different --max-tokens, --sessions or --drafter")
+    rows, controls, rounds = [], [], 0
+    for s in sweeps:
+        rows += [r | {"repeat": r["repeat"] + rounds} for r in s["rows"]]
+        controls += [c | {"repeat": c["repeat"] + rounds} for c in s.get("controls") or []]
+        rounds += 1 + max(r["repeat"] for r in s["rows"])
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    settings = argparse.Namespace(**sweeps[0]["args"] | {"out": args.out, "repeats": rounds, "pooled": args.sweeps})
+    write(rows, settings, [t for s in sweeps for t in s.get("pass_ms") or []], controls)
+    print((Path(args.out) / "sweep.md").read_text())
 
 
 def _joined_sweeps(paths: list[Path]) -> dict:
@@ -912,6 +937,7 @@ SMOKE = (["sweep", "--delays", "0,1", "--gammas", "0-2,auto", "--workloads", "gr
           "--fresh-adaptive"],
          ["calibrate"],
          ["drafters", "--sweeps", "{out}"],
+         ["pool", "--sweeps", "{out},{out}"],
          ["runahead", "--settings", "off,2+2", "--delays", "1", "--workloads", "greedy", "--sessions", "1",
           "--max-tokens", "8", "--repeats", "1"])
 
@@ -996,6 +1022,10 @@ def main() -> None:
                                        "results/network_drafters/*)")
     p_dr.add_argument("--out", help=f"where drafters.{{md,png}} go (default {DRAFTERS_OUT})")
     p_dr.set_defaults(func=drafters)
+    p_pool = sub.add_parser("pool", help="sweeps of the same points and code, as one sweep of all their rounds")
+    p_pool.add_argument("--sweeps", required=True, help="sweep directories, comma-separated")
+    p_pool.add_argument("--out", help="where sweep.{json,md,png} go")
+    p_pool.set_defaults(func=pool)
     p_cal = sub.add_parser("calibrate", help="the capacity simulator's predictions against the sweep's measurements")
     p_cal.add_argument("--sweep", help="a sweep's results (JSON; several, comma-separated, as one: default "
                                           "--out's sweep.json)")
