@@ -45,8 +45,8 @@ pool on that sweep, and runahead at a tiny size (SMOKE), everything under --out:
 not numbers to read.
 
 Writes sweep.{json,md,png}, calibration.{json,md,png} and runahead.{json,md,png} to --out (sweep,
-pool, calibrate and runahead take it; default results/network), drafters.{md,png} to drafters' --out
-(default results/network_drafters).
+pool, calibrate and runahead take it; default results/network), drafters.{md,png} to drafters'
+--out (default results/network_drafters).
 """
 
 import argparse
@@ -452,12 +452,15 @@ def _slowing(point: dict, lone_us: float | None) -> float:
 
 def pool(args) -> None:
     """Sweeps of the same points and code run at different times, as one sweep of all their rounds
-    (each sweep's rounds numbered after the one's before): a point's paired ratios then rest on
-    every round, each still pairing only the modes that ran back to back in it."""
+    (each sweep's rounds numbered after those of the sweeps before it): a point's paired ratios
+    then rest on every round, each still pairing only the modes that ran back to back in it."""
     paths = [Path(p) / "sweep.json" for p in args.sweeps.split(",")]
     sweeps = [json.loads(path.read_text()) for path in paths if path.is_file()]
     if len(sweeps) < len(paths) or len(paths) < 2:
         raise SystemExit(f"pool: needs two sweeps or more; found {len(sweeps)} of {', '.join(map(str, paths))}")
+    written = Path(args.out) / "sweep.json"
+    if written.is_file() and not any(written.samefile(path) for path in paths):
+        raise SystemExit(f"pool: {written} holds a sweep that is not one of --sweeps (name another --out)")
     settings = {(s["args"]["max_tokens"], s["args"]["sessions"], s["args"].get("drafter")) for s in sweeps}
     if len(settings) > 1:
         raise SystemExit("pool: the sweeps ran different --max-tokens, --sessions or --drafter")
