@@ -454,34 +454,38 @@ def pool(args) -> None:
     """Sweeps of the same points and code run at different times, as one sweep of all their rounds
     (each sweep's rounds numbered after those of the sweeps before it): a point's paired ratios
     then rest on every round, each still pairing only the modes that ran back to back in it."""
-    paths = [Path(p) / "sweep.json" for p in args.sweeps.split(",")]
-    sweeps = [json.loads(path.read_text()) for path in paths if path.is_file()]
-    if len(sweeps) < len(paths) or len(paths) < 2:
-        raise SystemExit(f"pool: needs two sweeps or more; found {len(sweeps)} of {', '.join(map(str, paths))}")
-    written = Path(args.out) / "sweep.json"
-    if written.is_file() and not any(written.samefile(path) for path in paths):
-        raise SystemExit(f"pool: {written} holds a sweep that is not one of --sweeps (name another --out)")
-    settings = {(s["args"]["max_tokens"], s["args"]["sessions"], s["args"].get("drafter")) for s in sweeps}
-    if len(settings) > 1:
+    paths, out = [Path(p) / "sweep.json" for p in args.sweeps.split(",")], Path(args.out)
+    if len(paths) < 2:
+        raise SystemExit("pool: needs two sweeps or more (--sweeps A,B)")
+    if (out / "sweep.json").is_file() and not any((out / "sweep.json").samefile(path) for path in paths):
+        raise SystemExit(f"pool: {out / 'sweep.json'} holds a sweep that is not one of --sweeps (name another --out)")
+    sweeps = _read_sweeps(paths, "pool", "--sweeps")
+    if len({(s["args"]["max_tokens"], s["args"]["sessions"], s["args"].get("drafter")) for s in sweeps}) > 1:
         raise SystemExit("pool: the sweeps ran different --max-tokens, --sessions or --drafter")
     rows, controls, rounds = [], [], 0
     for s in sweeps:
         rows += [r | {"repeat": r["repeat"] + rounds} for r in s["rows"]]
         controls += [c | {"repeat": c["repeat"] + rounds} for c in s.get("controls") or []]
         rounds += 1 + max(r["repeat"] for r in s["rows"])
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     settings = argparse.Namespace(**sweeps[0]["args"] | {"out": args.out, "repeats": rounds, "pooled": args.sweeps})
     write(rows, settings, [t for s in sweeps for t in s.get("pass_ms") or []], controls)
-    print((Path(args.out) / "sweep.md").read_text())
+    print((out / "sweep.md").read_text())
+
+
+def _read_sweeps(paths: list[Path], command: str, option: str) -> list[dict]:
+    """The sweeps at `paths` (sweep.json files), or `command`'s error naming the one missing and
+    the `option` that names sweeps."""
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"{command}: no sweep at {path} (run `network.py sweep` first, or name one with {option})")
+    return [json.loads(path.read_text()) for path in paths]
 
 
 def _joined_sweeps(paths: list[Path]) -> dict:
     """Sweeps run apart as one (e.g. the lone points and those under load, each with its own
     --sessions): their rows and pass timings together, the first one's settings."""
-    for path in paths:
-        if not path.is_file():
-            raise SystemExit(f"calibrate: no sweep at {path} (run `network.py sweep` first, or name one with --sweep)")
-    sweeps = [json.loads(path.read_text()) for path in paths]
+    sweeps = _read_sweeps(paths, "calibrate", "--sweep")
     if len({s["args"]["max_tokens"] for s in sweeps}) > 1:
         raise SystemExit("calibrate: the sweeps generated different --max-tokens")
     return dict(sweeps[0], rows=[r for s in sweeps for r in s["rows"]],
