@@ -696,8 +696,8 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
       the point's delay, and the orchestrator's time per cycle;
     - the orchestrator's CPU per call to the drafter, from the lone run of the point's γ at the
       least delay (_orchestrator_draft_call_ms);
-    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, and a
-      draft-ahead call's per step (_ahead_step_ms);
+    - a drafted token's CPU beyond its pass, from the lone draft calls' time against γ, its
+      transport (_wire_token_ms) and a draft-ahead call's CPU per step (_ahead_step_ms);
     - drafting ahead's rates of right guesses (_fit_guess_rates)."""
     workload = point["workload"]
     alone = [r for r in rows if r["in_flight"] == 1 and r["workload"] == workload and r["mode"] != "adaptive"]
@@ -728,8 +728,21 @@ def _costs(rows: list[dict], passes: dict, prompt: int, point: dict, gamma: int)
                  orchestrator_draft_call_ms=_orchestrator_draft_call_ms(nearest, zeros[nearest["delay_ms"]]) if gamma
                  else 0.0,
                  call_ms=max(0.0, call - handling), handling_ms=per_row, handling_call_ms=handling - per_row,
-                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]),
+                 draft_token_ms=max(0.0, float(per_token) - passes["draft"][1]), wire_token_ms=_wire_token_ms(drafting),
                  ahead_step_ms=_ahead_step_ms(alone, passes), prompt_tokens=prompt)
+
+
+def _wire_token_ms(drafting: list[dict]) -> float:
+    """A drafted token's transport (Costs.wire_token_ms): the slope of the lone drafting runs'
+    transport per cycle against their mean γ, at the least delay they ran (where it is CPU: at
+    T = 1 every drafted token carries a vocabulary's probabilities, from the drafter through the
+    delay proxies and the orchestrator to the verifier)."""
+    least = min(r["delay_ms"] for r in drafting)
+    near = [r for r in drafting if r["delay_ms"] == least]
+    if len({r["mean_gamma"] for r in near}) < 2:
+        return 0.0
+    slope, _ = np.polyfit([r["mean_gamma"] for r in near], [r["cycle"]["transport_ms"] for r in near], 1)
+    return max(0.0, float(slope))
 
 
 def _handling_ms(lone_zero: dict) -> float:

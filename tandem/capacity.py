@@ -9,7 +9,8 @@ replica i mod R. A cycle of a session:
   1. (γ > 0) a draft call: rtt/2 to its drafter, γ steps of 1 token there, call_ms +
      γ · draft_token_ms of CPU and rtt/2 back;
   2. a verify call: rtt/2 to its verifier, one step of γ + 1 tokens (a new session's first cycle
-     is its prefill: prompt_tokens, and no draft), call_ms of CPU and rtt/2 back;
+     is its prefill: prompt_tokens, and no draft), call_ms + γ · wire_token_ms of CPU and rtt/2
+     back;
   3. orchestrator_ms on its replica's CPU, and orchestrator_draft_call_ms more per call it made
      to a drafter (the draft call, a draft-ahead call; a batched call's rows share one);
      background_ms on a host's shared cores.
@@ -138,6 +139,10 @@ class Costs:
     handling_ms: float = 0.0
     handling_call_ms: float = 0.0
     draft_token_ms: float = 0.0  # and a draft call's per drafted token (its sampling, its distribution)
+    # A drafted token's transport, charged at its verify call's end: its distribution's bytes
+    # encoded, relayed and decoded from the drafter through the orchestrator to the verifier. On
+    # the test bed at T = 1 (a vocabulary's probabilities a token), 0.19 ms; greedy, 0.02.
+    wire_token_ms: float = 0.0
     # a_1, a_2, …: the chance that a block's j-th drafted token is accepted, the ones before it
     # accepted (past the last, the last), as tandem's γ policy learns it; None: α at every position.
     # Acceptance is bursty: a block that got far is in text the draft follows.
@@ -183,7 +188,8 @@ class Costs:
             _require(value is None and name != "alpha" or value is not None and 0 <= value <= 1, name,
                      "must be in [0, 1]")
         for name in ("rtt_ms", "orchestrator_ms", "orchestrator_draft_call_ms", "call_ms", "handling_ms",
-                     "handling_call_ms", "draft_token_ms", "background_ms", "draft_row_ms", "target_row_ms",
+                     "handling_call_ms", "draft_token_ms", "wire_token_ms", "background_ms", "draft_row_ms",
+                     "target_row_ms",
                      "draft_cold_ms", "target_cold_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         _require(0 < self.cold_after_ms < math.inf, "cold_after_ms", "must be > 0")
@@ -265,8 +271,8 @@ def _check_pass(name: str, spec: tuple) -> None:
 
 # Costs' fields that are CPU time besides the passes (Costs.slowed).
 _CPU_MS = ("orchestrator_ms", "orchestrator_draft_call_ms", "call_ms", "handling_ms", "handling_call_ms",
-           "draft_token_ms", "ahead_step_ms", "background_ms", "draft_row_ms", "target_row_ms", "draft_cold_ms",
-           "target_cold_ms")
+           "draft_token_ms", "wire_token_ms", "ahead_step_ms", "background_ms", "draft_row_ms", "target_row_ms",
+           "draft_cold_ms", "target_cold_ms")
 
 
 def _scaled_pass(spec: tuple, factor: float) -> tuple:
@@ -368,7 +374,8 @@ def lone_cycle_ms(costs: Costs, gamma: int) -> float:
     handling = costs.handling_ms + costs.handling_call_ms  # a call of one row's
     drafter = gamma * pass_ms(costs.draft_pass, 1) + handling if gamma else 0.0  # its passes' work
     verifier = pass_ms(costs.target_pass, gamma + 1) + handling
-    warm = (drafter + verifier + gamma * costs.draft_token_ms + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
+    warm = (drafter + verifier + gamma * (costs.draft_token_ms + costs.wire_token_ms)
+            + (2 if gamma else 1) * (costs.rtt_ms + costs.call_ms)
             + costs.orchestrator_ms + (costs.orchestrator_draft_call_ms if gamma else 0.0))
     # Each worker idles for all of the cycle but its own work: the rest, and the other's coldness.
     draft_cold = target_cold = 0.0
@@ -611,9 +618,10 @@ class _Run:
 
     def drafting_ms(self, call: _Call) -> float:
         """A draft call's CPU besides its passes, per step of each row (a session's job):
-        draft_token_ms, or a draft-ahead call's ahead_step_ms."""
+        draft_token_ms, or a draft-ahead call's ahead_step_ms; a verify call's, its drafted
+        tokens' transport (wire_token_ms each)."""
         if call.kind == _VERIFY:
-            return 0.0
+            return self.costs.wire_token_ms * self.gamma * sum(not self.prefill[slot] for slot, _, _ in call.rows)
         per_step = self.costs.draft_token_ms
         if call.kind == _AHEAD and self.costs.ahead_step_ms is not None:
             per_step = self.costs.ahead_step_ms

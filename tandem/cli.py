@@ -979,6 +979,9 @@ def parser() -> argparse.ArgumentParser:
                                                                 "row (decoding and answering it; default 0)")
     cluster.add_argument("--draft-token-ms", type=float, help="a draft call's CPU per drafted token outside its "
                                                               "passes (default 0)")
+    cluster.add_argument("--wire-token-ms", type=float, help="a drafted token's transport from drafter to verifier "
+                                                             "(its distribution's bytes, at T > 0), charged to its "
+                                                             "verify call (default 0)")
     cluster.add_argument("--ahead-step-ms", type=float, help="with --draft-ahead: a draft-ahead call's CPU per step "
                                                              "besides its pass (default: --draft-token-ms)")
     cluster.add_argument("--draft-row-ms", type=float, help="a draft pass's cost per session in it past the first, "

@@ -34,10 +34,10 @@ def test_one_session_is_the_closed_form(alpha, gamma, rtt_ms, host_cores):
     worker's work (in its pass)."""
     costs = Costs(draft_pass=(2.0, 0.02), target_pass=(20.0, 0.1), alpha=alpha, rtt_ms=rtt_ms, orchestrator_ms=0.5,
                   orchestrator_draft_call_ms=0.25, call_ms=0.3, handling_ms=0.2, handling_call_ms=0.15,
-                  draft_token_ms=0.07)
+                  draft_token_ms=0.07, wire_token_ms=0.04)
     expected = closed_form_tokens_per_s(costs, gamma)
     calls = 2 if gamma else 1
-    cycle = gamma * (2.02 + 0.07) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3 + 0.35) + 0.5  # by hand
+    cycle = gamma * (2.02 + 0.07 + 0.04) + 20.0 + 0.1 * (gamma + 1) + calls * (rtt_ms + 0.3 + 0.35) + 0.5  # by hand
     cycle += 0.25 if gamma else 0.0  # the orchestrator's CPU for its draft call
     assert expected == pytest.approx(1e3 * expected_tokens(alpha, gamma) / cycle, rel=1e-12)
     got = lone(costs, gamma, host_cores=host_cores)
@@ -146,9 +146,10 @@ def _cycles_for(tokens: int, alpha: float, gamma: int) -> float:
 @pytest.mark.parametrize("alpha, gamma, tokens", [(0.7, 3, 16), (0.9, 6, 40)])
 def test_sessions_that_end_follow_the_draws(alpha, gamma, tokens):
     """A session of T tokens: a prefill (its TTFT), then drafting cycles until it has T; tokens/s
-    is T over their expected time (renewal-reward), which only the right draws of k give."""
+    is T over their expected time (renewal-reward), which only the right draws of k give. A
+    prefill carries no drafted tokens (nor their transport)."""
     costs = Costs(draft_pass=(1.0, 0.1), target_pass=(10.0, 0.05), alpha=alpha, rtt_ms=2.0, orchestrator_ms=0.4,
-                  prompt_tokens=100)
+                  prompt_tokens=100, wire_token_ms=0.3)
     prefill_ms = 2.0 + 10.0 + 0.05 * 100 + 0.4
     session_ms = prefill_ms + _cycles_for(tokens - 1, alpha, gamma) * lone_cycle_ms(costs, gamma)
     got = lone(costs, gamma, tokens, warmup_cycles=1000, block_cycles=1000, precision=0.0, max_cycles=100_000)
@@ -287,7 +288,7 @@ def test_cli_json(capsys):
                         "best_per_ratio", "rows"}
     assert out["costs"] == {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                             "orchestrator_ms": 0.0, "orchestrator_draft_call_ms": 0.0, "call_ms": 0.0,
-                            "handling_ms": 0.0, "handling_call_ms": 0.0, "draft_token_ms": 0.0,
+                            "handling_ms": 0.0, "handling_call_ms": 0.0, "draft_token_ms": 0.0, "wire_token_ms": 0.0,
                             "acceptance_by_position": None, "ahead_step_ms": None, "background_ms": 0.0,
                             "draft_row_ms": 0.0, "target_row_ms": 0.0, "draft_cold_ms": 0.0, "target_cold_ms": 0.0,
                             "cold_after_ms": 10.0, "prompt_tokens": 128, "bonus_guess": None, "recovered_guess": None,
@@ -317,7 +318,7 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     path = tmp_path / "costs.json"
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                 "orchestrator_ms": 0.2, "orchestrator_draft_call_ms": 0.1, "call_ms": 0.1, "handling_ms": 0.3,
-                "handling_call_ms": 0.4, "draft_token_ms": 0.05, "background_ms": 0.0, "draft_row_ms": 0.01,
+                "handling_call_ms": 0.4, "draft_token_ms": 0.05, "wire_token_ms": 0.02, "background_ms": 0.0, "draft_row_ms": 0.01,
                 "target_row_ms": 0.2, "draft_cold_ms": 0.4, "target_cold_ms": 1.2, "cold_after_ms": 12.0,
                 "prompt_tokens": 32, "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
