@@ -27,8 +27,8 @@ apart from the modes: its ratio to the first, paired the same way, is what the b
 moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
 then measures what a replica just started serves), warmed up in its own mode and workload with
-one stream per session in flight, on prompts the run does not serve (fixed γ = 0 warmed so served
-0.98–1.01× the warm replica's): every mode runs on one cluster, and the policy's state is its
+one stream per session in flight (`--warm-up-streams N`: N streams), on prompts the run does not
+serve (fixed γ = 0 warmed so served 0.98–1.01× the warm replica's): every mode runs on one cluster, and the policy's state is its
 replica's, so without it an adaptive run starts from what the fixed modes before it taught the
 replica, and with a warm-up at γ = 0 from nothing (a replica's first seconds, not its hours).
 Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own host
@@ -178,12 +178,13 @@ def sweep(args) -> None:
                 cluster.bed.set_delay(delay, args.jitter_ms)
                 # The same prompts at every delay and workload: points differ only in what they vary.
                 batch = [prompts[j % len(prompts)] for j in range(max(args.sessions, 2 * in_flight))]
-                warm_up = [prompts[(len(batch) + j) % len(prompts)] for j in range(in_flight)]  # others where there are
+                streams = args.warm_up_streams or in_flight
+                warm_up = [prompts[(len(batch) + j) % len(prompts)] for j in range(streams)]  # others where there are
                 for run in rng.sample(rounds, len(rounds)):
                     (controls if run == CONTROL else rows).append({
                         "drafter": args.drafter, "delay_ms": delay, "jitter_ms": args.jitter_ms,
                         "workload": workload, "repeat": repeat,
-                        **_sweep_run(cluster, speed, args, run, workload, batch, warm_up, repeat)})
+                        **_sweep_run(cluster, speed, args, run, workload, batch, warm_up, in_flight, repeat)})
                 best, adaptive, _ = _point(rows[-len(modes):])  # the point's runs of this round
                 print(f"[round {repeat + 1}/{args.repeats}, point {i + 1}/{len(points)}, {time.time() - start:.0f} s] "
                       f"delay {delay:g} ms, {workload}, {in_flight} in flight: best {best['mode']} "
@@ -195,10 +196,10 @@ def sweep(args) -> None:
 
 
 def _sweep_run(cluster: NetworkCluster, speed: SpeedProbe, args, run: str, workload: str,
-               batch: list[list[int]], warm_up: list[list[int]], repeat: int) -> dict:
-    """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode; warm_up: one
-    prompt per session in flight."""
-    mode, in_flight = cluster_mode(0) if run == CONTROL else run, len(warm_up)
+               batch: list[list[int]], warm_up: list[list[int]], in_flight: int, repeat: int) -> dict:
+    """One run of a sweep's round → its row's measured fields (SWEEP_FIELDS) and mode; warm_up: the
+    prompts a fresh replica serves first (--fresh-adaptive), `in_flight` at a time."""
+    mode = cluster_mode(0) if run == CONTROL else run
     # A new replica for adaptive (its policy starts from nothing the other modes taught it) and
     # for the control (which then measures what a replica just started serves).
     if args.fresh_adaptive and (mode == cluster_mode(None) or run == CONTROL):
@@ -1022,6 +1023,10 @@ def main() -> None:
                          help="a new orchestrator before each adaptive run (and the control's): its policy "
                               "starts from what it measures itself, not from what the fixed modes before it "
                               "left on the replica")
+    p_sweep.add_argument("--warm-up-streams", type=int, default=0,
+                         help="with --fresh-adaptive: the streams the new orchestrator serves first, in its own "
+                              "mode and workload, on prompts the run does not serve (default: one per session in "
+                              "flight; a lone session's policy settles in some 200 cycles)")
     p_sweep.add_argument("--out", help="where sweep.{json,md,png} go")
     p_sweep.set_defaults(func=sweep)
     p_ahead = sub.add_parser("runahead", help="a lone session's tokens/s against delay, drafting ahead off or for "
