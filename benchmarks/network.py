@@ -28,9 +28,10 @@ moves a ratio by at that point.
 `--fresh-adaptive` starts a new orchestrator before each adaptive run (and the control's, which
 then measures what a replica just started serves), warmed up in its own mode and workload with
 one stream per session in flight (`--warm-up-streams N`: N streams), on prompts the run does not
-serve (fixed γ = 0 warmed so served 0.98–1.01× the warm replica's): every mode runs on one cluster, and the policy's state is its
-replica's, so without it an adaptive run starts from what the fixed modes before it taught the
-replica, and with a warm-up at γ = 0 from nothing (a replica's first seconds, not its hours).
+serve (fixed γ = 0 warmed so served 0.98–1.01× the warm replica's): every mode runs on one
+cluster, and the policy's state is its replica's, so without it an adaptive run starts from what
+the fixed modes before it taught the replica, and with a warm-up at γ = 0 from nothing (a
+replica's first seconds, not its hours).
 Needs root (network namespaces). `--drafter` picks who drafts: a draft worker on its own host
 (hybrid, the default; model; ngram) or the verifier with the shipped EAGLE-3 head (head: its
 blocks cross only the verifier's link). `drafters` puts several

@@ -189,8 +189,7 @@ class Costs:
                      "must be in [0, 1]")
         for name in ("rtt_ms", "orchestrator_ms", "orchestrator_draft_call_ms", "call_ms", "handling_ms",
                      "handling_call_ms", "draft_token_ms", "wire_token_ms", "background_ms", "draft_row_ms",
-                     "target_row_ms",
-                     "draft_cold_ms", "target_cold_ms"):
+                     "target_row_ms", "draft_cold_ms", "target_cold_ms"):
             _require(0 <= getattr(self, name) < math.inf, name, "must be >= 0")
         _require(0 < self.cold_after_ms < math.inf, "cold_after_ms", "must be > 0")
         for name in ("prompt_tokens", "max_batch_tokens"):
