@@ -154,6 +154,8 @@ def sweep(args) -> None:
     if set(modes) == {cluster_mode(None)}:
         raise SystemExit("sweep: --gammas needs a fixed γ besides auto: each round judges adaptive against the best "
                          "fixed γ")
+    if args.warm_up_streams < 0 or args.warm_up_streams and not args.fresh_adaptive:
+        raise SystemExit("sweep: --warm-up-streams must be >= 0, and warms the replicas of --fresh-adaptive")
     delays = [float(d) for d in args.delays.split(",")]
     levels = [int(n) for n in args.in_flight.split(",")]
     points = [(d, w, n) for d in delays for w in args.workloads.split(",") for n in levels]

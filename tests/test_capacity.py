@@ -319,8 +319,8 @@ def test_cli_costs_file_and_flags_over_it(capsys, tmp_path):
     measured = {"draft_pass": [1.0, 0.05], "target_pass": [8.0, 0.3], "alpha": 0.7, "rtt_ms": 2.0,
                 "orchestrator_ms": 0.2, "orchestrator_draft_call_ms": 0.1, "call_ms": 0.1, "handling_ms": 0.3,
                 "handling_call_ms": 0.4, "draft_token_ms": 0.05, "wire_token_ms": 0.02, "background_ms": 0.0,
-                "draft_row_ms": 0.01, "target_row_ms": 0.2, "draft_cold_ms": 0.4, "target_cold_ms": 1.2, "cold_after_ms": 12.0,
-                "prompt_tokens": 32, "max_batch_tokens": 256}
+                "draft_row_ms": 0.01, "target_row_ms": 0.2, "draft_cold_ms": 0.4, "target_cold_ms": 1.2,
+                "cold_after_ms": 12.0, "prompt_tokens": 32, "max_batch_tokens": 256}
     path.write_text(json.dumps(measured))
     small = ["plan", "--cluster", "--sessions", "4", "--verifiers", "1", "--max-drafters-per-verifier", "1",
              "--gamma", "2", "--costs", str(path)]
